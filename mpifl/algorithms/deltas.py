@@ -52,15 +52,6 @@ def add_to_grads(params: Sequence[nn.Parameter], terms: Sequence[torch.Tensor]) 
         torch._foreach_add_([g for g, _ in pairs], [t for _, t in pairs])
 
 
-def summed(values: Sequence[np.ndarray], coefficients: Sequence[float]) -> np.ndarray:
-    """sum_k c_k v_k in float64, accumulated in client-id order (rank-count invariance)."""
-    acc = np.zeros(values[0].shape, dtype=np.float64)
-    for c, v in zip(coefficients, values):
-        if c:
-            acc += c * v
-    return acc
-
-
 def solver_norm(steps, momentum: float):
     """||a||_1 of K local steps (FedNova, Wang et al. 2020): how far K steps move per unit of a constant gradient,
     in learning rates.  K for SGD; ``[K - rho (1 - rho^K) / (1 - rho)] / (1 - rho)`` for SGD with momentum rho

@@ -52,11 +52,11 @@ from __future__ import annotations
 import torch
 
 from ..errors import MpiflError
+from .base import weighted_sum
 from .deltas import (
     ALPHA,
     add_to_grads,
     parameters,
-    summed,
     trainable_keys,
     trainable_specs,
 )
@@ -98,7 +98,7 @@ class FedDyn(FedAvg):
             if key in params:
                 x = target.double()
                 share = [1.0 / m] * len(uploads.clients)
-                moved = torch.from_numpy(summed(uploads.tensors[key], share)) - (len(share) / m) * x
+                moved = torch.from_numpy(weighted_sum(uploads.tensors[key], share)) - (len(share) / m) * x
                 h = server.extra[H + key].double() - self.alpha * moved  # h - alpha/m sum_P (theta_k - x)
                 server.extra[H + key] = h.to(target.dtype)
                 value = value - h / self.alpha

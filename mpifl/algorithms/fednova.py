@@ -38,7 +38,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .deltas import solver_norm, summed, trainable_keys
+from .base import weighted_sum
+from .deltas import solver_norm, trainable_keys
 from .fedavg import FedAvg
 
 
@@ -60,7 +61,7 @@ class FedNova(FedAvg):
             target = server.model[key]
             if key in self.params:
                 x = target.double().numpy()
-                d = coef.sum() * x - summed(uploads.tensors[key], coef)  # sum_i p_i (x - y_i) / a_i
+                d = coef.sum() * x - weighted_sum(uploads.tensors[key], coef)  # sum_i p_i (x - y_i) / a_i
                 value = torch.from_numpy(x - tau_eff * d)
             else:
                 value = self.combine(key, uploads.tensors[key], weights)

@@ -54,12 +54,12 @@ from __future__ import annotations
 
 import torch
 
+from .base import weighted_sum
 from .deltas import (
     SERVER_LR,
     add_to_grads,
     parameters,
     solver_norm,
-    summed,
     trainable_keys,
     trainable_specs,
 )
@@ -111,7 +111,7 @@ class Scaffold(FedAvg):
         for key in self.params:
             c = server.extra[C_GLOBAL + key]
             server.extra[C_GLOBAL + key] = (c.double() + torch.from_numpy(
-                summed(uploads.tensors[DELTA_C + key], share))).to(c.dtype)
+                weighted_sum(uploads.tensors[DELTA_C + key], share))).to(c.dtype)
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from mpifl.algorithms import ALGORITHMS, Uploads, get_algorithm, weighted_mean
+from mpifl.algorithms.base import SUM_BLOCK, weighted_sum
 from mpifl.errors import MpiflError
 
 from .helpers import gradients_after_shift, make_algo
@@ -19,6 +20,20 @@ def test_weighted_mean_in_float64_and_order_fixed():
         weighted_mean([np.zeros(2, np.int64)], np.ones(1))
     with pytest.raises(ValueError):
         weighted_mean(values, np.ones(3))
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5), (2 * SUM_BLOCK + 11,), (4, SUM_BLOCK // 2 + 3)])
+def test_blocked_weighted_sum_equals_the_whole_array_sum_bit_for_bit(shape):
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    coefficients = [0.25, 0.0, 1.5, -3.0]
+    reference = np.zeros(shape, np.float64)
+    for c, x in zip(coefficients, values):
+        if c:
+            reference += np.float64(c) * x.astype(np.float64)
+    out = weighted_sum(values, coefficients)
+    assert out.dtype == np.float64 and out.shape == shape
+    np.testing.assert_array_equal(out, reference)
 
 
 def test_fedavg_policy_shares_everything_but_num_batches_tracked():
