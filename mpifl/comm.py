@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from .buffers import ReusedBuffer
 from .errors import MpiflError
 
 INT_MAX = 2**31 - 1
@@ -59,6 +60,7 @@ class Comm:
         self.timeout = timeout
         self.seconds_waiting = 0.0  # in the polite barriers: other ranks not ready yet
         self.seconds_moving = 0.0  # inside the collectives themselves: bytes moving
+        self._gathered = ReusedBuffer()  # rank 0's receive buffer, the same memory every round
 
     # ---------------------------------------------------------------- waiting
     def wait(self, request: MPI.Request, what: str) -> None:
@@ -99,8 +101,9 @@ class Comm:
                 what: str = "the clients' uploads") -> list[np.ndarray] | None:
         """Gather each rank's bytes at rank 0; ``counts[r]`` is rank r's size.
 
-        Returns, on rank 0, one read-only view per rank into the receive
-        buffer (segments in rank order); ``None`` elsewhere.
+        Returns, on rank 0, one view per rank into the receive buffer
+        (segments in rank order), valid until the next gather reuses the
+        buffer; ``None`` elsewhere.
         """
         if sendbuf.nbytes != counts[self.rank]:
             raise RuntimeError(f"rank {self.rank} sends {sendbuf.nbytes} bytes, expected {counts[self.rank]}")
@@ -113,7 +116,7 @@ class Comm:
             staged = np.zeros(padded[self.rank], dtype=np.uint8)
             staged[:sendbuf.nbytes] = sendbuf
             sendbuf = staged
-        recv = np.empty(int(sum(padded)), dtype=np.uint8) if self.rank == 0 else None
+        recv = self._gathered.get(int(sum(padded))) if self.rank == 0 else None
         dtype = MPI.BYTE if block == 1 else MPI.BYTE.Create_contiguous(block).Commit()
         try:
             self.comm.Gatherv(

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .algorithms import ClientState
 from .augment import EXCHANGED, channel_stats, exchange_stats, make_normalizer
+from .buffers import ReusedBuffer
 from .checkpoint import Checkpoint, load_clients, save_clients
 from .client_data import load_client_data
 from .comm import Comm
@@ -59,7 +59,9 @@ class ClientHost:
             client.private = {k: v.to(device) for k, v in client.private.items()}
             self.clients[spec.id] = client
         self.stopped = False  # the server's STOP message ended the run early
-        self.buffers = HostBuffers(pinned=device.type == "cuda")
+        self.data_seconds = 0.0  # of this round's training, producing batches
+        pinned = device.type == "cuda"  # page-locked: fast, asynchronous copies to and from the GPU
+        self.down_buffer, self.up_buffer = ReusedBuffer(pinned), ReusedBuffer(pinned)
 
     def run(self) -> None:
         if self.session.cfg.aug != "none":
@@ -71,7 +73,7 @@ class ClientHost:
             if r <= rounds:
                 self.algo.enter_round(r)
             messages = self.session.messages()
-            down = self.buffers.get(messages.down.nbytes)
+            down = self.down_buffer.get(messages.down.nbytes)
             self.comm.bcast(down)
             header, download = messages.read_down(down)
             if header.round != r:
@@ -85,7 +87,7 @@ class ClientHost:
             sampled = [] if header.action != TRAIN else \
                 [int(c) for c in self.session.sampled(r) if int(c) in self.clients]
             evaluated = self.hosted if header.evaluate != NO_EVAL else []
-            send = self.buffers.get(messages.upload_bytes(len(sampled), len(evaluated)))
+            send = self.up_buffer.get(messages.upload_bytes(len(sampled), len(evaluated)))
             seconds, eval_segments, client_segments = messages.segments(send, len(sampled), len(evaluated))
 
             start = time.perf_counter()
@@ -94,11 +96,12 @@ class ClientHost:
             for cid, segment in zip(evaluated, eval_segments):
                 messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download)}, out=segment)
             evaluated_at = time.perf_counter()
+            self.data_seconds = 0.0
             for cid, segment in zip(sampled, client_segments):
                 messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
             trained_at = time.perf_counter()
-            messages.seconds.pack(
-                {"rank.seconds": torch.tensor([trained_at - evaluated_at, evaluated_at - start], dtype=torch.float64)},
+            messages.seconds.pack({"rank.seconds": torch.tensor(
+                [trained_at - evaluated_at, evaluated_at - start, self.data_seconds], dtype=torch.float64)},
                 out=seconds)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
@@ -154,6 +157,7 @@ class ClientHost:
         stats = train_local(self.model, self.algo, client, self.data[client.id], optimizer,
                             cfg.local_epochs, cfg.batch_size, client_rng(cfg.seed, client.id, round_index),
                             round_index, self.precision)
+        self.data_seconds += stats.data_seconds
         _copy_all([client.private[k] for k in self.algo.private_keys],
                   [self.slots[k] for k in self.algo.private_keys])
         upload = {k: self.slots[k] for k in self.algo.uploaded_keys}
@@ -184,21 +188,6 @@ def _restored(fresh: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], ci
             raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(tensor.shape)}; "
                              "the checkpoint is of another model or method version; start a new run")
     return saved
-
-
-class HostBuffers:
-    """The rank's message buffers, one per size, reused every round; page-locked (pinned) when the
-    rank trains on a GPU, so host<->device copies of the download and upload run at full speed and
-    the download's copies are asynchronous."""
-
-    def __init__(self, pinned: bool):
-        self.pinned = pinned
-        self._by_size: dict[int, np.ndarray] = {}
-
-    def get(self, nbytes: int) -> np.ndarray:
-        if nbytes not in self._by_size:
-            self._by_size[nbytes] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned).numpy()
-        return self._by_size[nbytes]
 
 
 @torch.no_grad()

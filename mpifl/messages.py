@@ -30,7 +30,7 @@ SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of
 NO_EVAL = -1
 EVAL_SPLITS = ("val", "test")
 CLIENT_META_FIELDS = ("num_samples", "num_steps", "loss_sum", "correct", "seen")
-RANK_SECONDS_FIELDS = ("train", "evaluate")
+RANK_SECONDS_FIELDS = ("train", "evaluate", "data")  # data: producing batches, within train
 
 _HEADER = [TensorSpec("round.command", (), torch.int64), TensorSpec("round.index", (), torch.int64),
            TensorSpec("round.evaluate", (), torch.int64)]

@@ -24,6 +24,7 @@ import numpy as np
 
 from .algorithms import Uploads
 from .augment import EXCHANGED, exchange_stats
+from .buffers import ReusedBuffer
 from .checkpoint import Checkpoint, commit, identity, load_server, save_server
 from .comm import Comm
 from .exchange import exchange_once
@@ -32,6 +33,7 @@ from .messages import (
     CLIENT_META_FIELDS,
     FINAL,
     NO_EVAL,
+    RANK_SECONDS_FIELDS,
     SAVE,
     STOP,
     TRAIN,
@@ -54,6 +56,7 @@ class Server:
         self.hosted = [set(h) for h in session.placement]  # one set per client rank
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did
         self.stopped_after = 0  # and the last round it completed
+        self.down_buffer = ReusedBuffer()
 
     @staticmethod
     def evaluates_round(cfg, r: int) -> bool:
@@ -91,7 +94,7 @@ class Server:
                 save_server(self.run_dir, r - 1, self.state)
                 pending = copy.deepcopy(self.log.pending)
             messages = self.session.messages()
-            down = messages.down.empty()
+            down = self.down_buffer.get(messages.down.nbytes)
             waiting, moving = self.comm.seconds_waiting, self.comm.seconds_moving
             command = (STOP if stop else FINAL if final else TRAIN) | (SAVE if saves else 0)
             messages.pack_down(Header(command, r, evaluate), self.algo.download(self.state), out=down)
@@ -144,7 +147,7 @@ class Server:
         uploads = Uploads(clients=np.array(sampled, dtype=np.int64),
                           meta=np.array([v["client.meta"] for v in views]).reshape(len(views), len(CLIENT_META_FIELDS)),
                           tensors={n: [v[n] for v in views] for n in messages.upload_names})
-        return np.array(seconds).reshape(-1, 2), evals, uploads
+        return np.array(seconds).reshape(-1, len(RANK_SECONDS_FIELDS)), evals, uploads
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, counts: list[int],
                 down_bytes: int, server_seconds: dict) -> dict:
@@ -158,5 +161,6 @@ class Server:
                       "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(counts))},
             "seconds": {**server_seconds,
                         "compute": float(seconds[:, 0].max()) if len(seconds) else 0.0,
-                        "evaluation": float(seconds[:, 1].max()) if len(seconds) else 0.0},
+                        "evaluation": float(seconds[:, 1].max()) if len(seconds) else 0.0,
+                        "data": float(seconds[:, 2].max()) if len(seconds) else 0.0},
         }

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ class TrainStats:
     loss_sum: float  # training objective (CE + the method's term) summed over samples
     correct: int
     seen: int
+    data_seconds: float = 0.0  # spent producing batches (host-side time; on a GPU the indexing is asynchronous)
 
 
 def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: ClientData,
@@ -39,7 +42,7 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
         loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
         correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
         seen = 0
-        for x, y in data.train_batches(rng, batch_size):
+        for x, y in _timed(data.train_batches(rng, batch_size), stats):
             optimizer.zero_grad(set_to_none=True)
             with precision.autocast():
                 loss, logits = algo.batch_loss(client, model, precision.inputs(x), y)
@@ -74,6 +77,18 @@ def evaluate(model: nn.Module, data: ClientData, split: str, batch_size: int,
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         correct += (logits.argmax(1) == y).sum()
     return float(loss_sum), int(correct), data.size(split)
+
+
+def _timed(batches: Iterator, stats: TrainStats) -> Iterator:
+    """``batches``, adding the time each takes to arrive to ``stats.data_seconds``."""
+    batches = iter(batches)
+    while True:
+        start = time.perf_counter()
+        batch = next(batches, None)
+        stats.data_seconds += time.perf_counter() - start
+        if batch is None:
+            return
+        yield batch
 
 
 def _device(model: nn.Module) -> torch.device:

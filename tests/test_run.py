@@ -115,7 +115,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     manifest = launch(1, *_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
     per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
-    header, meta, seconds = 3 * 8, 5 * 8, 2 * 8  # round header, client.meta, rank.seconds
+    header, meta, seconds = 3 * 8, 5 * 8, 3 * 8  # round header, client.meta, rank.seconds
     eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
     for record in read_metrics(run):
         k = len(record["clients"])
