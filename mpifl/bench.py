@@ -10,9 +10,20 @@ Runs the same local SGD steps three ways and reports seconds per round:
 
 Round times of the simulator come from its own ``metrics.jsonl``
 (``seconds.round``, rank 0's wall clock from broadcast to aggregated), the
-first round dropped as warm-up; evaluation runs only after the last round and
-is excluded, as is process start-up.  Prints a table and writes JSON.  This is
-a benchmark, not a test: it asserts nothing.
+first round of every run dropped as warm-up; evaluation runs only after the
+last round and is excluded, as is process start-up.  ``--repeats`` runs
+(a), (b), (c) again in turn, so slow phases of a shared machine hit all
+three alike; the figures are medians over every measured round.
+
+The speedup 1 -> 2 ranks can only reach what the placement allows: the
+largest rank load with one rank over the largest with two (5 equal clients
+split 3:2 cap it at 1.67x).  The default ``--clients-per-domain 2`` gives
+the 5-domain default data 10 equal clients, an even split, so the measured
+speedup shows the simulator's cost rather than the placement's; the
+bound and the parallel efficiency (speedup / bound) are reported alongside.
+
+Prints a table and writes JSON.  This is a benchmark, not a test: it
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -32,19 +43,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .clients import make_clients
 from .client_data import load_client_data
 from .data import default_data_root, ensure_dataset
+from .config import RunConfig
 from .models import build_model
+from .placement import place_clients
 from .seeding import seed_model_init
+from .session import Session, make_session
 
 
-def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, epochs: int,
-                       batch_size: int, lr: float, threads: int) -> list[float]:
+def bench_session(data_root: str, data: str, model_name: str, clients_per_domain: int,
+                  samples_per_client: int) -> Session:
+    """The workload's clients and share policy, as ``mpifl.run`` makes them for the same options."""
+    cfg = RunConfig(data=data, data_root=data_root, model=model_name, clients_per_domain=clients_per_domain,
+                    samples_per_client=samples_per_client)
+    return make_session(cfg, ensure_dataset(data_root, data), num_hosts=1)
+
+
+def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int,
+                       lr: float, threads: int, clients_per_domain: int, samples_per_client: int) -> list[float]:
     """Seconds per round of a plain single-process FedAvg loop."""
     torch.set_num_threads(threads)
-    manifest = ensure_dataset(data_root, data)
-    clients = make_clients(manifest, 1, seed=0)
+    session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
+    manifest, clients = session.manifest, session.clients
     tensors = load_client_data(data_root, manifest, clients, torch.device("cpu"))
     seed_model_init(0)
     model = build_model(model_name, num_classes=manifest.num_classes, in_channels=manifest.channels,
@@ -73,31 +94,51 @@ def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, 
     return times
 
 
-def simulator_round_seconds(client_ranks: int, data_root: str, data: str, model_name: str, rounds: int,
-                            epochs: int, batch_size: int, lr: float, threads: int, workdir: Path) -> dict:
-    """Per-round seconds and their split, from a real mpirun of mpifl.run."""
-    out = workdir / f"ranks{client_ranks}"
-    mpirun = str(Path(sys.executable).parent / "mpirun") if (Path(sys.executable).parent / "mpirun").exists() \
-        else "mpirun"
-    cmd = [mpirun, "-n", str(client_ranks + 1), sys.executable, "-m", "mpifl.run", "--data-root", data_root,
-           "--data", data, "--model", model_name, "--rounds", str(rounds), "--local-epochs", str(epochs),
-           "--batch-size", str(batch_size), "--lr", str(lr), "--eval-every", str(rounds + 1), "--out", str(out),
-           "--threads", str(threads)]
+def simulator_rounds(client_ranks: int, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
+                     batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
+                     out: Path) -> list[dict]:
+    """Each round's record (seconds and bytes) from a real mpirun of mpifl.run."""
+    here = Path(sys.executable).parent / "mpirun"
+    cmd = [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1), sys.executable, "-m", "mpifl.run",
+           "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
+           "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
+           "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
+           "--eval-every", str(rounds + 1), "--out", str(out), "--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"round": [r["seconds"]["round"] for r in records],
-            "split": {k: statistics.median(r["seconds"][k] for r in records[1:])
-                      for k in ("compute", "communication", "aggregation", "evaluation")},
-            "bytes_up": records[-1]["bytes"]["wire_up"], "bytes_down": records[-1]["bytes"]["wire_down"]}
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def speedup_bound(sizes: list[int]) -> float:
+    """Largest rank load (training samples) with 1 client rank over that with 2, under mpifl's placement."""
+    return sum(sizes) / max(sum(sizes[c] for c in host) for host in place_clients(sizes, 2))
+
+
+def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
+    """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
+    tensors of every client, plus ``client.meta`` per client and ``rank.seconds`` per rank."""
+    clients = len(session.clients)
+    manifest_up = sum(s.nbytes for s in session.algo.policy().upload) * clients
+    messages = session.messages()
+    metadata = messages.client.spec("client.meta").nbytes * clients + messages.seconds.nbytes * client_ranks
+    return {"manifest_up": manifest_up, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
+            "matches_manifest": measured["wire_up"] == manifest_up + metadata}
+
+
+SPLIT = ("compute", "data", "communication", "waiting", "aggregation", "evaluation")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
-@click.option("--rounds", default=4, show_default=True, help="rounds per measurement (first is warm-up)")
+@click.option("--clients-per-domain", default=2, show_default=True,
+              help="clients per domain (2: the 5 default domains split evenly over 2 ranks)")
+@click.option("--samples-per-client", default=0, show_default=True,
+              help="training samples kept per client (0 = all); shortens heavy workloads")
+@click.option("--rounds", default=4, show_default=True, help="rounds per run (the first is warm-up)")
+@click.option("--repeats", default=2, show_default=True, help="runs of each of (a), (b), (c), in turn")
 @click.option("--local-epochs", default=1, show_default=True)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--lr", default=0.01, show_default=True)
@@ -105,36 +146,58 @@ def simulator_round_seconds(client_ranks: int, data_root: str, data: str, model_
               help="torch threads per process: 0 = mpifl's automatic choice (the bare loop then uses every core); "
                    "1 measures how the simulator scales with ranks at a fixed per-rank cost")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
-def main(data, data_root, model_name, rounds, local_epochs, batch_size, lr, threads, json_out):
+def main(data, data_root, model_name, clients_per_domain, samples_per_client, rounds, repeats, local_epochs,
+         batch_size, lr, threads, json_out):
     """Seconds per round: bare PyTorch loop vs mpifl with 1 and 2 client ranks."""
+    if rounds < 2 or repeats < 1:
+        raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
     data_root = str(data_root or default_data_root())
     cores = len(os.sched_getaffinity(0))
-    bare = bare_round_seconds(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads or cores)
+    workload = (data, model_name, rounds, local_epochs, batch_size, lr)
+    session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
+    sizes = [c.num_train for c in session.clients]
+    bare, sims = [], {1: [], 2: []}
     with tempfile.TemporaryDirectory() as tmp:
-        sims = {k: simulator_round_seconds(k, data_root, data, model_name, rounds, local_epochs, batch_size, lr,
-                                           threads, Path(tmp)) for k in (1, 2)}
-    bare_s = statistics.median(bare[1:])
-    sim_s = {k: statistics.median(v["round"][1:]) for k, v in sims.items()}
+        for repeat in range(repeats):
+            bare += bare_round_seconds(data_root, *workload, threads or cores, clients_per_domain,
+                                       samples_per_client)[1:]
+            for k in sims:
+                sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain,
+                                            samples_per_client, Path(tmp) / f"ranks{k}-{repeat}")[1:]
+    bare_s = statistics.median(bare)
+    sim_s = {k: statistics.median(r["seconds"]["round"] for r in v) for k, v in sims.items()}
+    split = {k: {f: statistics.median(r["seconds"][f] for r in v) for f in SPLIT} for k, v in sims.items()}
+    bound = speedup_bound(sizes)
     result = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cores": cores, "torch": torch.__version__},
-        "workload": {"data": data, "model": model_name, "rounds": rounds, "local_epochs": local_epochs,
-                     "batch_size": batch_size, "threads_per_process": threads or "auto"},
+        "workload": {"data": data, "model": model_name, "clients": len(sizes), "train_samples": sum(sizes),
+                     "rounds": rounds, "repeats": repeats, "local_epochs": local_epochs, "batch_size": batch_size,
+                     "threads_per_process": threads or "auto"},
         "seconds_per_round": {"bare": bare_s, "mpifl_1_rank": sim_s[1], "mpifl_2_ranks": sim_s[2]},
+        "rounds_measured": {"bare": bare, **{f"mpifl_{k}_rank": [r["seconds"]["round"] for r in v]
+                                             for k, v in sims.items()}},
         "ratio_mpifl_1_rank_to_bare": sim_s[1] / bare_s,
         "speedup_1_to_2_ranks": sim_s[1] / sim_s[2],
-        "split_seconds": {f"{k}_ranks": v["split"] for k, v in sims.items()},
-        "wire_bytes_per_round": {f"{k}_ranks": {"up": v["bytes_up"], "down": v["bytes_down"]}
-                                 for k, v in sims.items()},
+        "speedup_bound_of_placement": bound,
+        "parallel_efficiency": sim_s[1] / sim_s[2] / bound,
+        "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
+        "bytes_per_round": {f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
     }
     Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(f"{model_name} on {data}, {local_epochs} local epoch(s), batch {batch_size}, {cores} cores, "
-               f"threads per process: {threads or 'auto'}")
+    click.echo(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
+               f"epoch(s), batch {batch_size}; {cores} cores, threads per process: {threads or 'auto'}; "
+               f"median of {len(bare)} rounds each")
     click.echo(f"  bare PyTorch loop      {bare_s:8.3f} s/round")
     click.echo(f"  mpifl, 1 client rank   {sim_s[1]:8.3f} s/round   ratio to bare {sim_s[1] / bare_s:5.3f}")
-    click.echo(f"  mpifl, 2 client ranks  {sim_s[2]:8.3f} s/round   speedup 1->2  {sim_s[1] / sim_s[2]:5.2f}x")
-    for k, v in sims.items():
-        click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v["split"].items()))
+    click.echo(f"  mpifl, 2 client ranks  {sim_s[2]:8.3f} s/round   speedup 1->2  {sim_s[1] / sim_s[2]:5.2f}x "
+               f"(placement allows {bound:.2f}x: efficiency {sim_s[1] / sim_s[2] / bound:.1%})")
+    for k, v in split.items():
+        click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
+    for k, v in result["bytes_per_round"].items():
+        click.echo(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
+                   f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata "
+                   f"({'as expected' if v['matches_manifest'] else 'MISMATCH'})")
     click.echo(f"results written to {json_out}")
 
 

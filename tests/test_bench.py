@@ -1,0 +1,27 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mpifl.bench import speedup_bound
+
+
+@pytest.mark.parametrize("sizes, bound", [([800] * 5, 5 / 3), ([400] * 10, 2.0), ([900, 100, 100], 1100 / 900)])
+def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with_two(sizes, bound):
+    assert speedup_bound(sizes) == pytest.approx(bound)
+
+
+def test_bench_runs_all_three_ways_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpifl.bench", "--data-root", str(data_root), "--model", "smallcnn",
+         "--samples-per-client", "8", "--rounds", "2", "--repeats", "1", "--json-out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["workload"]["clients"] == 10 and result["speedup_bound_of_placement"] == 2.0
+    assert all(len(v) == 1 and v[0] > 0 for v in result["rounds_measured"].values())
+    for ranks, wire in result["bytes_per_round"].items():
+        assert wire["matches_manifest"], (ranks, wire)
+    assert "as expected" in proc.stdout and "MISMATCH" not in proc.stdout
