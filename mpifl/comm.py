@@ -8,6 +8,9 @@ Two properties matter beyond moving bytes:
   preceded by a non-blocking barrier that the waiting side polls with short
   sleeps; the collective itself starts only when every rank has arrived, and
   runs at full speed.
+* **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
+  takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
+  when the MPI library is CUDA-aware (:mod:`mpifl.gpu_mpi`).
 * **No 2 GiB limit.**  MPI counts are C ints.  Buffers above ``max_count``
   bytes travel as derived datatypes (BigMPI's construction): a broadcast as
   one struct of whole blocks plus the remainder, a gather with each rank's
@@ -22,10 +25,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from .buffers import ReusedBuffer
 from .errors import MpiflError
+from .wire import Buffer
 
 INT_MAX = 2**31 - 1
 
@@ -82,7 +87,7 @@ class Comm:
         self.seconds_waiting += time.perf_counter() - start
 
     # ------------------------------------------------------------ collectives
-    def bcast(self, buf: np.ndarray, what: str = "the server's broadcast") -> None:
+    def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:
         """Broadcast ``buf`` (uint8, same size on every rank) from rank 0, in place."""
         self.arrive(what)
         start = time.perf_counter()
@@ -97,7 +102,7 @@ class Comm:
                 dtype.Free()
         self.seconds_moving += time.perf_counter() - start
 
-    def gatherv(self, sendbuf: np.ndarray, counts: list[int],
+    def gatherv(self, sendbuf: Buffer, counts: list[int],
                 what: str = "the clients' uploads") -> list[np.ndarray] | None:
         """Gather each rank's bytes at rank 0; ``counts[r]`` is rank r's size.
 
@@ -113,7 +118,8 @@ class Comm:
         padded = [-(-c // block) * block for c in counts]
         displs = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
         if block > 1 and sendbuf.nbytes != padded[self.rank]:
-            staged = np.zeros(padded[self.rank], dtype=np.uint8)
+            staged = sendbuf.new_zeros(padded[self.rank]) if isinstance(sendbuf, torch.Tensor) \
+                else np.zeros(padded[self.rank], dtype=np.uint8)
             staged[:sendbuf.nbytes] = sendbuf
             sendbuf = staged
         recv = self._gathered.get(int(sum(padded))) if self.rank == 0 else None

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .algorithms import SharePolicy
-from .wire import TensorSpec, WireLayout
+from .wire import Buffer, TensorSpec, WireLayout
 
 TRAIN, FINAL, STOP = 1, 2, 3  # header commands: train a round / evaluate and stop / stop (a signal)
 SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of the round before
@@ -72,13 +72,13 @@ class Messages:
         scalars = {"round.command": header.command, "round.index": header.round, "round.evaluate": header.evaluate}
         self.down.pack({**{k: torch.tensor(v) for k, v in scalars.items()}, **download}, out=out)
 
-    def read_down(self, buf: np.ndarray) -> tuple[Header, dict[str, torch.Tensor]]:
+    def read_down(self, buf: Buffer) -> tuple[Header, dict[str, torch.Tensor]]:
         """The header and zero-copy tensors of the download."""
         views = self.down.unpack(buf)
         header = Header(int(views["round.command"]), int(views["round.index"]), int(views["round.evaluate"]))
-        return header, {name: torch.from_numpy(views[name]) for name in self.download_names}
+        return header, {name: torch.as_tensor(views[name]) for name in self.download_names}
 
-    def segments(self, buf: np.ndarray, num_trained: int, num_evaluated: int):
+    def segments(self, buf: Buffer, num_trained: int, num_evaluated: int):
         """Byte slices (seconds, [eval per hosted client], [upload per trained client]) of one rank's upload."""
         s, e, c = self.seconds.nbytes, self.eval.nbytes, self.client.nbytes
         base = s + num_evaluated * e

@@ -7,18 +7,25 @@ from the same specs, so only raw bytes travel.
 
 Tensors are grouped by item size, largest first (float64, then float32/int32,
 then float16, then uint8), so every tensor starts at an offset that is a
-multiple of its own item size: views into the buffer are aligned and the
-buffer carries no padding.  Its size is exactly the sum of the tensors' bytes,
-which is the figure ``--show-manifest`` prints.
+multiple of its own item size: views into the buffer are aligned.  A layout's
+size is the sum of its tensors' bytes (the figure ``--show-manifest`` prints)
+rounded up to a multiple of 8, so layouts placed back to back in one message
+(an upload holds one per client) stay aligned too: at most 7 bytes of padding,
+none for the usual models.
+
+A buffer is a numpy ``uint8`` array or a ``uint8`` torch tensor (a GPU
+message buffer, :mod:`mpifl.buffers`); its views are of the same kind.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Union
 
 import numpy as np
 import torch
+
+Buffer = Union[np.ndarray, torch.Tensor]  # uint8, one dimension
 
 _NUMPY_DTYPE = {
     torch.float64: np.float64,
@@ -29,6 +36,9 @@ _NUMPY_DTYPE = {
     torch.uint8: np.uint8,
     torch.bool: np.bool_,
 }
+
+
+ALIGN = 8  # the largest item size: what a layout's size is rounded up to
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,8 @@ class WireLayout:
         for spec in self.specs:
             self.offsets[spec.name] = offset
             offset += spec.nbytes
-        self.nbytes = offset
+        self.used = offset  # bytes of tensors; the rest of nbytes is padding
+        self.nbytes = -(-offset // ALIGN) * ALIGN
         self._by_name = {s.name: s for s in self.specs}
 
     def __len__(self) -> int:
@@ -90,7 +101,7 @@ class WireLayout:
     def empty(self) -> np.ndarray:
         return np.empty(self.nbytes, dtype=np.uint8)
 
-    def pack(self, tensors: Mapping[str, torch.Tensor], out: np.ndarray | None = None) -> np.ndarray:
+    def pack(self, tensors: Mapping[str, torch.Tensor], out: Buffer | None = None) -> Buffer:
         """Copy exactly the layout's tensors into ``out`` (a new buffer if None).
 
         The keys of ``tensors`` must equal the layout's names: the runtime moves
@@ -106,18 +117,20 @@ class WireLayout:
             src = tensor.detach()
             if tuple(src.shape) != views[name].shape:
                 raise ValueError(f"{name}: shape {tuple(src.shape)} != layout {views[name].shape}")
-            torch.from_numpy(views[name]).copy_(src)  # one copy, device -> buffer, casting to the layout dtype
+            torch.as_tensor(views[name]).copy_(src)  # one copy into the buffer, casting to the layout dtype
+        buf[self.used:self.nbytes] = 0  # the padding: no stale bytes on the wire
         return buf
 
-    def unpack(self, buf: np.ndarray) -> dict[str, np.ndarray]:
-        """Zero-copy numpy views of every tensor inside ``buf``."""
+    def unpack(self, buf: Buffer) -> dict[str, Buffer]:
+        """Zero-copy views of every tensor inside ``buf`` (numpy arrays or tensors, as ``buf``)."""
         if buf.nbytes != self.nbytes:
             raise ValueError(f"buffer of {buf.nbytes} bytes for a layout of {self.nbytes}")
         return {s.name: self._view(buf, s) for s in self.specs}
 
-    def _view(self, buf: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    def _view(self, buf: Buffer, spec: TensorSpec) -> Buffer:
         start = self.offsets[spec.name]
-        return buf[start:start + spec.nbytes].view(spec.numpy_dtype).reshape(spec.shape)
+        raw = buf[start:start + spec.nbytes]
+        return raw.view(spec.dtype if isinstance(raw, torch.Tensor) else spec.numpy_dtype).reshape(spec.shape)
 
 
 def specs_of(tensors: Mapping[str, torch.Tensor]) -> list[TensorSpec]:

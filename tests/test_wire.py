@@ -20,7 +20,7 @@ def test_round_trip_is_exact_and_views_alias_the_buffer():
     tensors = _tensors()
     layout = WireLayout(specs_of(tensors))
     buf = layout.pack(tensors)
-    assert buf.dtype == np.uint8 and buf.nbytes == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert buf.dtype == np.uint8 and buf.nbytes == 96  # 95 bytes of tensors, padded to a multiple of 8
     views = layout.unpack(buf)
     for name, tensor in tensors.items():
         assert np.array_equal(views[name], tensor.numpy())
@@ -28,11 +28,30 @@ def test_round_trip_is_exact_and_views_alias_the_buffer():
     assert layout.unpack(buf)["a.weight"][0, 0] == 42.0
 
 
-def test_offsets_are_aligned_to_item_size_without_padding():
-    layout = WireLayout(specs_of(_tensors()))
+def test_offsets_are_aligned_to_item_size_and_the_size_padded_to_8_bytes_with_zeros():
+    tensors = _tensors()
+    layout = WireLayout(specs_of(tensors))
     for spec in layout.specs:
         assert layout.offsets[spec.name] % spec.itemsize == 0
-    assert layout.nbytes == sum(s.nbytes for s in layout.specs)
+    assert layout.used == sum(s.nbytes for s in layout.specs) == 95 and layout.nbytes == 96
+    buf = np.full(layout.nbytes, 0xAB, dtype=np.uint8)
+    layout.pack(tensors, out=buf)
+    assert buf[95] == 0
+    even = WireLayout([TensorSpec("w", (6,), torch.float32)])
+    assert even.nbytes == even.used == 24
+
+
+def test_a_torch_buffer_gives_tensor_views_and_layouts_back_to_back_stay_aligned():
+    tensors = _tensors()
+    layout = WireLayout(specs_of(tensors))
+    buf = torch.zeros(2 * layout.nbytes, dtype=torch.uint8)
+    for k in range(2):  # the second starts at 96: its float64 views need that 8-byte alignment
+        layout.pack(tensors, out=buf[k * layout.nbytes:(k + 1) * layout.nbytes])
+    views = layout.unpack(buf[layout.nbytes:])
+    for name, tensor in tensors.items():
+        assert isinstance(views[name], torch.Tensor) and torch.equal(views[name], tensor)
+    views["meta"][0] = 42.0
+    assert layout.unpack(buf[layout.nbytes:])["meta"][0] == 42.0
 
 
 def test_pack_refuses_tensors_outside_the_layout_and_missing_ones():
