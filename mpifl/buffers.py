@@ -14,18 +14,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .wire import Buffer
+
 
 class ReusedBuffer:
-    """One growable uint8 buffer; page-locked (pinned) when ``pinned``, for fast, asynchronous
-    host<->GPU copies on a rank that trains on a GPU."""
+    """One growable uint8 buffer.
 
-    def __init__(self, pinned: bool = False):
-        self.pinned = pinned
-        self._data = np.empty(0, dtype=np.uint8)
+    Host memory (a numpy array) by default; page-locked (``pinned``) for fast,
+    asynchronous host<->GPU copies on a rank that trains on a GPU; or GPU
+    memory (a torch tensor on ``device``) when the MPI library is CUDA-aware
+    (:mod:`mpifl.gpu_mpi`).
+    """
 
-    def get(self, nbytes: int) -> np.ndarray:
+    def __init__(self, pinned: bool = False, device: torch.device | None = None):
+        self.pinned, self.device = pinned, device
+        self._data: Buffer = np.empty(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> Buffer:
         """A view of the buffer's first ``nbytes`` bytes; its content is whatever the last use left.
         Views handed out earlier share the memory: use one only until the next :meth:`get`."""
         if nbytes > self._data.nbytes:
-            self._data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned).numpy()
+            if self.device is not None:
+                self._data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            else:
+                self._data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned).numpy()
         return self._data[:nbytes]

@@ -68,6 +68,7 @@ class RunConfig:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    gpu_buffers: str = "auto"
     ckpt_every: int = 0
     round_timeout: float = 0.0
     preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
@@ -168,6 +169,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),
         (cfg.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
         (cfg.precision in ("fp32", "bf16", "fp16"), "--precision must be fp32, bf16 or fp16"),
+        (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
         (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
         (all(t in TRANSFORMS for t in parse(cfg.train_transforms)),
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),

@@ -22,6 +22,7 @@ from .client_data import load_client_data
 from .comm import Comm
 from .errors import MpiflError
 from .exchange import exchange_once
+from .gpu_mpi import cuda_aware, device_buffers
 from .faults import maybe_inject
 from .messages import EVAL_SPLITS, NO_EVAL, STOP, TRAIN
 from .precision import Precision
@@ -60,8 +61,11 @@ class ClientHost:
             self.clients[spec.id] = client
         self.stopped = False  # the server's STOP message ended the run early
         self.data_seconds = 0.0  # of this round's training, producing batches
-        pinned = device.type == "cuda"  # page-locked: fast, asynchronous copies to and from the GPU
-        self.down_buffer, self.up_buffer = ReusedBuffer(pinned), ReusedBuffer(pinned)
+        on_gpu = device.type == "cuda"
+        self.device_buffers = device_buffers(cfg.gpu_buffers, on_gpu, cuda_aware())
+        # on the GPU for a CUDA-aware MPI; else page-locked host memory: fast, asynchronous copies to the GPU
+        self.down_buffer, self.up_buffer = (ReusedBuffer(pinned=on_gpu, device=device if self.device_buffers else None)
+                                            for _ in range(2))
 
     def run(self) -> None:
         if self.session.cfg.aug != "none":
@@ -80,9 +84,8 @@ class ClientHost:
                 raise RuntimeError(f"rank {self.comm.rank} expected round {r}, the server sent {header.round}")
             if header.saves:  # the state after round r-1, before this message changes anything
                 save_clients(self.run_dir, r - 1, self.comm.rank, {c: s.private for c, s in self.clients.items()})
-            download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}
-            if self.device.type == "cuda":  # the copies out of the pinned buffer end before it is reused
-                torch.cuda.current_stream(self.device).synchronize()
+            download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
+            self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self._adopt(download)
             sampled = [] if header.action != TRAIN else \
                 [int(c) for c in self.session.sampled(r) if int(c) in self.clients]
@@ -105,10 +108,21 @@ class ClientHost:
                 out=seconds)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
+            if self.device_buffers:
+                self._synchronize()  # MPI reads the GPU buffer only once the packing kernels are done
             self.comm.gatherv(send, counts)
             if header.action == STOP:
                 self.stopped = True
                 return
+
+    def placement_note(self) -> str:
+        """Where this rank computes and where its messages live, for ``log.txt``."""
+        where = "on the GPU" if self.device_buffers else "pinned" if self.device.type == "cuda" else "host memory"
+        return f"{self.device}, message buffers {where}"
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _adopt(self, download: dict[str, torch.Tensor]) -> None:
         """Entries sent down but not back become every hosted client's own (see Algorithm.sends_back)."""

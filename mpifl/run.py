@@ -105,6 +105,8 @@ _HELP = {
     "channels_last": "store conv weights and images NHWC (faster with tensor cores)",
     "compile": "torch.compile each client rank's feature extractor (minutes of compiling once per rank; pays off "
                "on GPUs over long runs)",
+    "gpu_buffers": "where a GPU rank's messages live: auto (on the GPU when the MPI library is CUDA-aware, else "
+                   "pinned host memory), pinned, or device (for a CUDA-aware MPI that cannot say so)",
     "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1 or "
                   "SIGTERM stops the run, which always checkpoints)",
     "round_timeout": "fail the job when a rank has not answered for this many seconds (a hang); must exceed the "
@@ -113,7 +115,7 @@ _HELP = {
 
 # Options a resumed run may change: how it runs, not what it computes.
 RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "ckpt_every",
-             "round_timeout")
+             "round_timeout", "gpu_buffers")
 
 
 def _core_options() -> list[click.Option]:
@@ -301,7 +303,8 @@ def _run(cfg: RunConfig, comm: Comm, resume: bool = False) -> None:
 
     session, host, resumed = _collectively(comm, lambda: run_dir, setup_ranks)
     # setup only: where each rank runs, so the log maps a launcher's "PID ... EXIT CODE: 9" to a rank
-    processes = comm.comm.gather(f"pid {os.getpid()} on {socket.gethostname()}", root=0)
+    processes = comm.comm.gather(f"pid {os.getpid()} on {socket.gethostname()}, {torch.get_num_threads()} threads"
+                                 + (f", {host.placement_note()}" if host else ""), root=0)
     try:
         if comm.rank == 0:
             stopped_by = _serve(cfg, comm, session, run_dir, resumed, STOP, processes)

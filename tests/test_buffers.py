@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 
 from mpifl.buffers import ReusedBuffer
 
@@ -13,3 +14,10 @@ def test_a_reused_buffer_hands_out_the_same_memory_and_grows_only_when_asked_for
     larger = buffer.get(1000)
     assert larger.nbytes == 1000 and not np.shares_memory(larger, first)
     assert np.shares_memory(buffer.get(100), larger)
+
+
+def test_a_buffer_on_a_device_is_a_tensor_there():
+    buffer = ReusedBuffer(device=torch.device("cpu"))  # a GPU in production: the same code path
+    view = buffer.get(64)
+    assert isinstance(view, torch.Tensor) and view.dtype == torch.uint8 and view.numel() == 64
+    assert buffer.get(32).data_ptr() == view.data_ptr()

@@ -6,6 +6,8 @@ import shutil
 
 import pytest
 
+from mpifl.gpu_mpi import cuda_aware
+
 from .conftest import launch
 
 
@@ -32,6 +34,13 @@ def test_bad_options_fail_once_on_three_ranks(data_root, tmp_path, flag, value, 
     job = launch(3, *_args(data_root, tmp_path / "r", flag, value), timeout=60)
     assert job.returncode == 2
     _one_error_line(job, pattern)
+
+
+@pytest.mark.skipif(cuda_aware() is not False, reason="needs an MPI library that says it is not CUDA-aware")
+def test_gpu_buffers_on_an_mpi_without_cuda_support_are_refused(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--gpu-buffers", "device"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "not CUDA-aware")
 
 
 def test_fewer_than_two_ranks(data_root, tmp_path):

@@ -21,7 +21,7 @@ from mpifl.metrics import summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "ckpt_every",
-                "round_timeout", "compile", "channels_last")
+                "round_timeout", "compile", "channels_last", "gpu_buffers")
 
 
 @dataclass
