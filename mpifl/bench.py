@@ -16,7 +16,9 @@ Round times of the simulator come from its own ``metrics.jsonl``
 first round of every run dropped as warm-up; evaluation runs only after the
 last round and is excluded, as is process start-up.  ``--repeats`` runs
 (a), (b), (c) again in turn, so slow phases of a shared machine hit all
-three alike; the figures are medians over every measured round.
+three alike; the figures are medians over every measured round, and the
+ratio is also given for the fastest round of each (on a noisy virtual
+machine, whose rounds vary by 10 %, the least disturbed estimate).
 
 The speedup 1 -> 2 ranks can only reach what the placement allows: the
 largest rank load with one rank over the largest with two (5 equal clients
@@ -65,15 +67,16 @@ def bench_session(data_root: str, data: str, model_name: str, clients_per_domain
 
 
 def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int,
-                       lr: float, threads: int, clients_per_domain: int, samples_per_client: int) -> list[float]:
+                       lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
+                       device: torch.device) -> list[float]:
     """Seconds per round of a plain single-process FedAvg loop."""
     torch.set_num_threads(threads)
     session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
     manifest, clients = session.manifest, session.clients
-    tensors = load_client_data(data_root, manifest, clients, torch.device("cpu"))
+    tensors = load_client_data(data_root, manifest, clients, device)
     seed_model_init(0)
     model = build_model(model_name, num_classes=manifest.num_classes, in_channels=manifest.channels,
-                        image_size=tuple(manifest.image_size))
+                        image_size=tuple(manifest.image_size)).to(device)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     times = []
     for r in range(rounds):
@@ -89,48 +92,52 @@ def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, 
                     optimizer.zero_grad(set_to_none=True)
                     F.cross_entropy(model(x), y).backward()
                     optimizer.step()
-            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            states.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
             sizes.append(client.num_train)
         weights = [n / sum(sizes) for n in sizes]
         global_state = {k: torch.from_numpy(weighted_sum([s[k].numpy() for s in states], weights)).to(v.dtype)
                         if v.is_floating_point() else v for k, v in states[0].items()}
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
 
 def simulator_rounds(client_ranks: int, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
                      batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
-                     out: Path) -> list[dict]:
+                     device: str, out: Path) -> list[dict]:
     """Each round's record (seconds and bytes) from a real mpirun of mpifl.run."""
     here = Path(sys.executable).parent / "mpirun"
     cmd = [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1), sys.executable, "-m", "mpifl.run",
            "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
-           "--eval-every", str(rounds + 1), "--out", str(out), "--threads", str(threads)]
+           "--eval-every", str(rounds + 1), "--out", str(out), "--threads", str(threads), "--device", device]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def speedup_bound(sizes: list[int]) -> float:
-    """Largest rank load (training samples) with 1 client rank over that with 2, under mpifl's placement."""
-    return sum(sizes) / max(sum(sizes[c] for c in host) for host in place_clients(sizes, 2))
+def speedup_bound(sizes: list[int], client_ranks: int) -> float:
+    """Largest rank load (training samples) with 1 client rank over that with ``client_ranks``, under mpifl's
+    placement: the most that spreading the clients can gain."""
+    return sum(sizes) / max(sum(sizes[c] for c in host) for host in place_clients(sizes, client_ranks))
 
 
 def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
     """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
-    tensors of every client, plus ``client.meta`` per client and ``rank.seconds`` per rank."""
+    tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes, and per rank
+    its ``rank.seconds``."""
     clients = len(session.clients)
-    manifest_up = sum(s.nbytes for s in session.algo.policy().upload) * clients
+    per_client = sum(s.nbytes for s in session.algo.policy().upload)
     messages = session.messages()
-    metadata = messages.client.spec("client.meta").nbytes * clients + messages.seconds.nbytes * client_ranks
-    return {"manifest_up": manifest_up, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
-            "matches_manifest": measured["wire_up"] == manifest_up + metadata}
+    metadata = (messages.client.nbytes - per_client) * clients + messages.seconds.nbytes * client_ranks
+    return {"manifest_up": per_client * clients, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
+            "matches_manifest": measured["wire_up"] == per_client * clients + metadata}
 
 
-SPLIT = ("compute", "data", "communication", "waiting", "aggregation", "evaluation")
+SPLIT = ("compute", "data", "communication", "waiting", "waiting_cpu", "aggregation", "evaluation")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,8 +148,13 @@ SPLIT = ("compute", "data", "communication", "waiting", "aggregation", "evaluati
               help="clients per domain (2: the 5 default domains split evenly over 2 ranks)")
 @click.option("--samples-per-client", default=0, show_default=True,
               help="training samples kept per client (0 = all); shortens heavy workloads")
+@click.option("--client-ranks", default="1,2", show_default=True,
+              help="comma list of client-rank counts to run mpifl with (1 is always run: the reference); "
+                   "1,2,4 on a GPU measures ranks sharing it")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="where both the bare loop (cuda:0) and the client ranks train")
 @click.option("--rounds", default=4, show_default=True, help="rounds per run (the first is warm-up)")
-@click.option("--repeats", default=2, show_default=True, help="runs of each of (a), (b), (c), in turn")
+@click.option("--repeats", default=2, show_default=True, help="runs of each way, in turn")
 @click.option("--local-epochs", default=1, show_default=True)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--lr", default=0.01, show_default=True)
@@ -150,57 +162,70 @@ SPLIT = ("compute", "data", "communication", "waiting", "aggregation", "evaluati
               help="torch threads per process: 0 = mpifl's automatic choice (the bare loop then uses every core); "
                    "1 measures how the simulator scales with ranks at a fixed per-rank cost")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
-def main(data, data_root, model_name, clients_per_domain, samples_per_client, rounds, repeats, local_epochs,
-         batch_size, lr, threads, json_out):
-    """Seconds per round: bare PyTorch loop vs mpifl with 1 and 2 client ranks."""
+def main(data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds, repeats,
+         local_epochs, batch_size, lr, threads, json_out):
+    """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks."""
     if rounds < 2 or repeats < 1:
         raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
+    ranks = sorted({1, *(int(k) for k in client_ranks.split(","))})
     data_root = str(data_root or default_data_root())
     cores = len(os.sched_getaffinity(0))
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     workload = (data, model_name, rounds, local_epochs, batch_size, lr)
     session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
     sizes = [c.num_train for c in session.clients]
-    bare, sims = [], {1: [], 2: []}
+    bare, sims = [], {k: [] for k in ranks}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             bare += bare_round_seconds(data_root, *workload, threads or cores, clients_per_domain,
-                                       samples_per_client)[1:]
-            for k in sims:
-                sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain,
-                                            samples_per_client, Path(tmp) / f"ranks{k}-{repeat}")[1:]
+                                       samples_per_client, bare_device)[1:]
+            for k in ranks:
+                sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
+                                            device, Path(tmp) / f"ranks{k}-{repeat}")[1:]
+    images = sum(sizes) * local_epochs
     bare_s = statistics.median(bare)
     sim_s = {k: statistics.median(r["seconds"]["round"] for r in v) for k, v in sims.items()}
+    fastest = {k: min(r["seconds"]["round"] for r in v) for k, v in sims.items()}
     split = {k: {f: statistics.median(r["seconds"][f] for r in v) for f in SPLIT} for k, v in sims.items()}
-    bound = speedup_bound(sizes)
+    scaling = {k: {"speedup": sim_s[1] / sim_s[k], "bound": speedup_bound(sizes, k),
+                   "efficiency": sim_s[1] / sim_s[k] / speedup_bound(sizes, k)} for k in ranks[1:]}
     result = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cores": cores, "torch": torch.__version__},
+                    "cores": cores, "gpu": torch.cuda.get_device_name(0) if on_gpu else None,
+                    "torch": torch.__version__},
         "workload": {"data": data, "model": model_name, "clients": len(sizes), "train_samples": sum(sizes),
                      "rounds": rounds, "repeats": repeats, "local_epochs": local_epochs, "batch_size": batch_size,
-                     "threads_per_process": threads or "auto"},
-        "seconds_per_round": {"bare": bare_s, "mpifl_1_rank": sim_s[1], "mpifl_2_ranks": sim_s[2]},
-        "rounds_measured": {"bare": bare, **{f"mpifl_{k}_rank": [r["seconds"]["round"] for r in v]
+                     "threads_per_process": threads or "auto", "device": str(bare_device)},
+        "seconds_per_round": {"bare": bare_s, **{f"mpifl_{k}_ranks": v for k, v in sim_s.items()}},
+        "images_per_second": {"bare": images / bare_s, **{f"mpifl_{k}_ranks": images / v for k, v in sim_s.items()}},
+        "rounds_measured": {"bare": bare, **{f"mpifl_{k}_ranks": [r["seconds"]["round"] for r in v]
                                              for k, v in sims.items()}},
         "ratio_mpifl_1_rank_to_bare": sim_s[1] / bare_s,
-        "speedup_1_to_2_ranks": sim_s[1] / sim_s[2],
-        "speedup_bound_of_placement": bound,
-        "parallel_efficiency": sim_s[1] / sim_s[2] / bound,
+        "ratio_of_fastest_rounds": fastest[1] / min(bare),
+        "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
         "bytes_per_round": {f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
     }
     Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     click.echo(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
-               f"epoch(s), batch {batch_size}; {cores} cores, threads per process: {threads or 'auto'}; "
-               f"median of {len(bare)} rounds each")
-    click.echo(f"  bare PyTorch loop      {bare_s:8.3f} s/round")
-    click.echo(f"  mpifl, 1 client rank   {sim_s[1]:8.3f} s/round   ratio to bare {sim_s[1] / bare_s:5.3f}")
-    click.echo(f"  mpifl, 2 client ranks  {sim_s[2]:8.3f} s/round   speedup 1->2  {sim_s[1] / sim_s[2]:5.2f}x "
-               f"(placement allows {bound:.2f}x: efficiency {sim_s[1] / sim_s[2] / bound:.1%})")
+               f"epoch(s), batch {batch_size}; {bare_device}, {cores} cores, threads per process: "
+               f"{threads or 'auto'}; median of {len(bare)} rounds each")
+    click.echo(f"  bare PyTorch loop      {bare_s:8.3f} s/round  {images / bare_s:8.0f} images/s")
+    for k in ranks:
+        line = (f"  mpifl, {k} client rank{'s' if k > 1 else ' '} {sim_s[k]:8.3f} s/round  "
+                f"{images / sim_s[k]:8.0f} images/s")
+        if k == 1:
+            line += f"   ratio to bare {sim_s[1] / bare_s:5.3f} (fastest rounds: {fastest[1] / min(bare):5.3f})"
+        else:
+            line += (f"   speedup 1->{k} {scaling[k]['speedup']:5.2f}x (placement allows {scaling[k]['bound']:.2f}x: "
+                     f"efficiency {scaling[k]['efficiency']:.1%})")
+        click.echo(line)
     for k, v in split.items():
         click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
     for k, v in result["bytes_per_round"].items():
         click.echo(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
-                   f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata "
+                   f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata and padding "
                    f"({'as expected' if v['matches_manifest'] else 'MISMATCH'})")
     click.echo(f"results written to {json_out}")
 

@@ -64,6 +64,7 @@ class Comm:
         self.max_sleep = max_sleep
         self.timeout = timeout
         self.seconds_waiting = 0.0  # in the polite barriers: other ranks not ready yet
+        self.cpu_seconds_waiting = 0.0  # CPU time this process spent in them: the cost of polling
         self.seconds_moving = 0.0  # inside the collectives themselves: bytes moving
         self._gathered = ReusedBuffer()  # rank 0's receive buffer, the same memory every round
 
@@ -82,9 +83,10 @@ class Comm:
 
     def arrive(self, what: str) -> None:
         """Non-blocking barrier, waited for politely."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         self.wait(self.comm.Ibarrier(), what)
         self.seconds_waiting += time.perf_counter() - start
+        self.cpu_seconds_waiting += time.process_time() - cpu_start
 
     # ------------------------------------------------------------ collectives
     def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:

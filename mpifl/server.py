@@ -96,6 +96,7 @@ class Server:
             messages = self.session.messages()
             down = self.down_buffer.get(messages.down.nbytes)
             waiting, moving = self.comm.seconds_waiting, self.comm.seconds_moving
+            polling = self.comm.cpu_seconds_waiting
             command = (STOP if stop else FINAL if final else TRAIN) | (SAVE if saves else 0)
             messages.pack_down(Header(command, r, evaluate), self.algo.download(self.state), out=down)
             self.comm.bcast(down)
@@ -124,7 +125,8 @@ class Server:
             evaluate = r if self._is_eval_round(r) else NO_EVAL
             self.log.add_round(self._record(r, messages, uploads, seconds, counts, down.nbytes, {
                 "round": finished - started, "communication": self.comm.seconds_moving - moving,
-                "waiting": self.comm.seconds_waiting - waiting, "aggregation": finished - aggregated_from}),
+                "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
+                "aggregation": finished - aggregated_from}),
                 awaits_eval=evaluate != NO_EVAL)
             self._report_progress()
 

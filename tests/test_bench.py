@@ -7,9 +7,10 @@ import pytest
 from mpifl.bench import speedup_bound
 
 
-@pytest.mark.parametrize("sizes, bound", [([800] * 5, 5 / 3), ([400] * 10, 2.0), ([900, 100, 100], 1100 / 900)])
-def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with_two(sizes, bound):
-    assert speedup_bound(sizes) == pytest.approx(bound)
+@pytest.mark.parametrize("sizes, ranks, bound", [
+    ([800] * 5, 2, 5 / 3), ([400] * 10, 2, 2.0), ([900, 100, 100], 2, 1100 / 900), ([400] * 10, 4, 10 / 3)])
+def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with_k(sizes, ranks, bound):
+    assert speedup_bound(sizes, ranks) == pytest.approx(bound)
 
 
 def test_bench_runs_all_three_ways_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
@@ -20,7 +21,8 @@ def test_bench_runs_all_three_ways_and_accounts_for_every_uploaded_byte(tmp_path
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert result["workload"]["clients"] == 10 and result["speedup_bound_of_placement"] == 2.0
+    assert result["workload"]["clients"] == 10 and result["scaling_from_1_rank"]["2_ranks"]["bound"] == 2.0
+    assert result["images_per_second"]["bare"] == pytest.approx(80 / result["seconds_per_round"]["bare"])
     assert all(len(v) == 1 and v[0] > 0 for v in result["rounds_measured"].values())
     for ranks, wire in result["bytes_per_round"].items():
         assert wire["matches_manifest"], (ranks, wire)
