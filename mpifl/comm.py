@@ -33,6 +33,7 @@ from .errors import MpiflError
 from .wire import Buffer
 
 INT_MAX = 2**31 - 1
+LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
 
 
 @dataclass(frozen=True)
@@ -70,16 +71,24 @@ class Comm:
 
     # ---------------------------------------------------------------- waiting
     def wait(self, request: MPI.Request, what: str) -> None:
-        """Complete ``request`` by polling with growing sleeps (50 us .. max_sleep)."""
+        """Complete ``request`` by polling with growing sleeps.
+
+        Sleeps double from 50 us up to ``max_sleep`` (2 ms), and in a long
+        wait up to 1 % of the time already waited (at most 50 ms): an arrival
+        is noticed at most 2 ms or 1 % late, and a server waiting through a
+        20 s round wakes about 1 000 times instead of 10 000, which it would
+        otherwise take from the cores of ranks that are training.
+        """
         sleep = 5e-5
         start = time.monotonic()
         while not request.Test():
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
+            waited = time.monotonic() - start
+            if self.timeout is not None and waited > self.timeout:
                 raise MpiflError(
                     f"timed out after {self.timeout:.0f} s waiting for {what}: a rank stopped answering; "
                     "raise --round-timeout or look at that rank's log")
             time.sleep(sleep)
-            sleep = min(sleep * 2, self.max_sleep)
+            sleep = min(sleep * 2, max(self.max_sleep, min(LONG_WAIT_SLEEP, waited / 100)))
 
     def arrive(self, what: str) -> None:
         """Non-blocking barrier, waited for politely."""
