@@ -220,10 +220,18 @@ class Algorithm:
         return uploads.num_samples.astype(np.float64)
 
     def aggregate(self, server: ServerState, uploads: Uploads) -> None:
-        """Every uploaded model entry's global value = :meth:`combine` of the clients' values."""
+        """Every uploaded model entry's global value = :meth:`global_value` of the :meth:`combine` of the
+        clients' values."""
         weights = self.client_weights(uploads)
         for key in self.uploaded_keys:
-            server.model[key] = self.combine(key, uploads.tensors[key], weights).to(server.model[key].dtype)
+            value = self.global_value(server, key, self.combine(key, uploads.tensors[key], weights), uploads)
+            server.model[key] = value.to(server.model[key].dtype)
+
+    def global_value(self, server: ServerState, key: str, combined: torch.Tensor, uploads: Uploads) -> torch.Tensor:
+        """The new global value of one entry from its combined client value; ``server.model[key]`` still
+        holds the old one.  FedAvg: the combined value.  Server optimizers (FedAvgM, FedDyn, SCAFFOLD's
+        global step) step here."""
+        return combined
 
     def combine(self, key: str, values: Sequence[np.ndarray], weights: np.ndarray) -> torch.Tensor:
         """One entry's aggregation rule; FedAvg: the weighted mean (float64, client-id order)."""

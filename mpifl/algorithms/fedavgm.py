@@ -49,16 +49,11 @@ class FedAvgM(FedAvg):
         server.extra = {MOMENTUM + k: torch.zeros_like(initial[k]) for k in self.params}
         return server
 
-    def aggregate(self, server, uploads):
-        weights = self.client_weights(uploads)
+    def global_value(self, server, key, combined, uploads):
+        if key not in self.params:
+            return combined
         beta, eta = self.cfg.opt("server_momentum"), self.cfg.opt("server_lr")
-        params = set(self.params)
-        for key in self.uploaded_keys:
-            target = server.model[key]
-            value = self.combine(key, uploads.tensors[key], weights)
-            if key in params:
-                x = target.double()
-                v = beta * server.extra[MOMENTUM + key].double() + (x - value)
-                server.extra[MOMENTUM + key] = v.to(target.dtype)
-                value = x - eta * v
-            server.model[key] = value.to(target.dtype)
+        x = server.model[key].double()
+        v = beta * server.extra[MOMENTUM + key].double() + (x - combined)
+        server.extra[MOMENTUM + key] = v.to(server.model[key].dtype)
+        return x - eta * v

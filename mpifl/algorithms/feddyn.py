@@ -87,22 +87,20 @@ class FedDyn(FedAvg):
         return server
 
     def aggregate(self, server, uploads):
-        m = self.num_training_clients
-        if m < len(uploads.clients):
+        if self.num_training_clients < len(uploads.clients):
             raise RuntimeError("FedDyn needs the number of training clients (Algorithm.bind_clients)")
-        weights = self.client_weights(uploads)
-        params = set(self.params)
-        for key in self.uploaded_keys:
-            target = server.model[key]
-            value = self.combine(key, uploads.tensors[key], weights)
-            if key in params:
-                x = target.double()
-                share = [1.0 / m] * len(uploads.clients)
-                moved = torch.from_numpy(weighted_sum(uploads.tensors[key], share)) - (len(share) / m) * x
-                h = server.extra[H + key].double() - self.alpha * moved  # h - alpha/m sum_P (theta_k - x)
-                server.extra[H + key] = h.to(target.dtype)
-                value = value - h / self.alpha
-            server.model[key] = value.to(target.dtype)
+        super().aggregate(server, uploads)
+
+    def global_value(self, server, key, combined, uploads):
+        if key not in self.params:
+            return combined
+        m = self.num_training_clients
+        x = server.model[key].double()
+        share = [1.0 / m] * len(uploads.clients)
+        moved = torch.from_numpy(weighted_sum(uploads.tensors[key], share)) - (len(share) / m) * x
+        h = server.extra[H + key].double() - self.alpha * moved  # h - alpha/m sum_P (theta_k - x)
+        server.extra[H + key] = h.to(server.model[key].dtype)
+        return combined - h / self.alpha
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):

@@ -98,20 +98,19 @@ class Scaffold(FedAvg):
     def aggregate(self, server, uploads):
         if self.num_training_clients < len(uploads.clients):
             raise RuntimeError("SCAFFOLD needs the number of training clients (Algorithm.bind_clients)")
-        weights = self.client_weights(uploads)
-        eta_g = self.cfg.opt("server_lr")
-        params = set(self.params)
-        for key in self.uploaded_keys:
-            value = self.combine(key, uploads.tensors[key], weights)
-            if key in params and eta_g != 1:
-                x = server.model[key].double()
-                value = x + eta_g * (value - x)
-            server.model[key] = value.to(server.model[key].dtype)
+        super().aggregate(server, uploads)
         share = [1.0 / self.num_training_clients] * len(uploads.clients)
         for key in self.params:
             c = server.extra[C_GLOBAL + key]
             server.extra[C_GLOBAL + key] = (c.double() + torch.from_numpy(
                 weighted_sum(uploads.tensors[DELTA_C + key], share))).to(c.dtype)
+
+    def global_value(self, server, key, combined, uploads):
+        eta_g = self.cfg.opt("server_lr")
+        if key not in self.params or eta_g == 1:
+            return combined
+        x = server.model[key].double()
+        return x + eta_g * (combined - x)
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
