@@ -66,14 +66,12 @@ def bench_session(data_root: str, data: str, model_name: str, clients_per_domain
     return make_session(cfg, ensure_dataset(data_root, data), num_hosts=1)
 
 
-def bare_round_seconds(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int,
-                       lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
+def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: int, lr: float, threads: int,
                        device: torch.device) -> list[float]:
-    """Seconds per round of a plain single-process FedAvg loop."""
+    """Seconds per round of a plain single-process FedAvg loop over the session's clients."""
     torch.set_num_threads(threads)
-    session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
-    manifest, clients = session.manifest, session.clients
-    tensors = load_client_data(data_root, manifest, clients, device)
+    manifest, clients, model_name = session.manifest, session.clients, session.cfg.model
+    tensors = load_client_data(session.cfg.data_root, manifest, clients, device)
     seed_model_init(0)
     model = build_model(model_name, num_classes=manifest.num_classes, in_channels=manifest.channels,
                         image_size=tuple(manifest.image_size)).to(device)
@@ -178,8 +176,8 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
     bare, sims = [], {k: [] for k in ranks}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
-            bare += bare_round_seconds(data_root, *workload, threads or cores, clients_per_domain,
-                                       samples_per_client, bare_device)[1:]
+            bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
+                                       bare_device)[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
                                             device, Path(tmp) / f"ranks{k}-{repeat}")[1:]
