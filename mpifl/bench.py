@@ -48,14 +48,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .client_data import load_client_data
+from .client.client_data import load_client_data
 from .data import default_data_root, ensure_dataset
 from .algorithms.base import weighted_sum
-from .config import RunConfig
+from .plan.config import RunConfig
 from .models import build_model
-from .placement import place_clients
-from .seeding import seed_model_init
-from .session import Session, make_session
+from .plan.placement import place_clients
+from .plan.seeding import seed_model_init
+from .plan.session import Session, make_session
 
 
 def bench_session(data_root: str, data: str, model_name: str, clients_per_domain: int,

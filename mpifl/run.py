@@ -13,8 +13,8 @@ from __future__ import annotations
 if __name__ == "__main__":  # before the heavy imports: a rank failing in them must not leave the others waiting
     from mpi4py import MPI
 
-    from mpifl.abort import abort_on_uncaught
-    from mpifl.faults import maybe_inject
+    from mpifl.job.abort import abort_on_uncaught
+    from mpifl.job.faults import maybe_inject
     abort_on_uncaught()
     maybe_inject(rank=MPI.COMM_WORLD.rank, client=-1, round_index=0)
 
@@ -33,25 +33,25 @@ import torch
 from click.core import ParameterSource
 
 from . import __version__
-from .abort import abort_job
+from .job.abort import abort_job
 from .algorithms import ALGORITHMS, all_options, get_algorithm
-from .augment import EXCHANGED, stats_spec
-from .checkpoint import Checkpoint
-from .checkpoint import load as load_checkpoint
-from .comm import Comm, node_layout
-from .config import Option, RunConfig, check, read_config_file, resolve
+from .client.normalize import EXCHANGED, stats_spec
+from .job.checkpoint import Checkpoint
+from .job.checkpoint import load as load_checkpoint
+from .transport.mpi import Comm, node_layout
+from .plan.config import Option, RunConfig, check, read_config_file, resolve
 from .data import KNOWN_DATASETS, default_data_root, default_model, ensure_dataset
-from .devices import pick_device, threads_for
+from .client.devices import pick_device, threads_for
 from .errors import MpiflError
-from .host import ClientHost
-from .metrics import MetricsLog, fold_summary
+from .client.host import ClientHost
+from .server.run_log import MetricsLog, fold_summary
 from .models import MODEL_DESCRIPTIONS, MODEL_NAMES
 from .presets import apply_preset, describe_presets
-from .progress import Progress
-from .server import Server
-from .session import make_session, read_labels
-from .signals import EXIT_STOPPED, StopRequest
-from .wire_manifest import format_manifest
+from .server.progress import Progress
+from .server.server import Server
+from .plan.session import make_session, read_labels
+from .job.signals import EXIT_STOPPED, StopRequest
+from .transport.manifest import format_manifest
 
 T = TypeVar("T")
 STOP = StopRequest()  # SIGUSR1/SIGTERM seen by this process (acted upon by rank 0 between rounds)

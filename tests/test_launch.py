@@ -38,8 +38,8 @@ import json
 import sys
 import torch
 from mpi4py import MPI
-from mpifl.comm import node_layout
-from mpifl.devices import pick_device, threads_for
+from mpifl.transport.mpi import node_layout
+from mpifl.client.devices import pick_device, threads_for
 
 torch.cuda.is_available = lambda: True  # pretend: two GPUs on every node
 torch.cuda.device_count = lambda: 2

@@ -45,10 +45,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..clients import ClientSpec
-from ..config import Option, RunConfig
+from ..plan.clients import ClientSpec
+from ..plan.config import Option, RunConfig
 from ..models import StateEntry
-from ..wire import TensorSpec
+from ..transport.wire import TensorSpec
 
 
 @dataclass(frozen=True)

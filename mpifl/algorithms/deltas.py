@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Option
-from ..wire import TensorSpec
+from ..plan.config import Option
+from ..transport.wire import TensorSpec
 
 SERVER_LR = Option("server_lr", float, 1.0,
                    "server (global) learning rate: x <- x + server_lr * (aggregated update)")
@@ -64,7 +64,7 @@ def solver_norm(steps, momentum: float):
 
 
 def local_steps(num_train: int, batch_size: int, epochs: int) -> int:
-    """SGD steps of one client's round as ``mpifl.training.train_local`` takes them.
+    """SGD steps of one client's round as ``mpifl.client.training.train_local`` takes them.
 
     E epochs of ceil(n / B) mini-batches, less a last batch of one sample,
     which the runtime drops when B > 1 (``ClientData.train_batches``).

@@ -8,7 +8,7 @@ averages Digits-Five clients uniformly).  Evaluates the global model.
 
 import numpy as np
 
-from ..config import Option
+from ..plan.config import Option
 from .base import Algorithm, Uploads
 
 

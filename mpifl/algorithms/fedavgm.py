@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Option
+from ..plan.config import Option
 from .deltas import SERVER_LR, trainable_keys
 from .fedavg import FedAvg
 

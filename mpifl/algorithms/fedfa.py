@@ -46,11 +46,11 @@ import re
 import numpy as np
 import torch
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
 from ..models.fedfa import FEDFA_MOMENTUM, FEDFA_P, FeatureAugmentation
 from ..models.surgery import insert_after, stage_outputs
-from ..wire import TensorSpec
+from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
 
 ATTR = "fedfa"

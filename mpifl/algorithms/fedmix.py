@@ -57,11 +57,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..config import Option
+from ..plan.config import Option
 from ..data import DatasetManifest
 from ..errors import MpiflError
-from ..seeding import client_rng
-from ..wire import TensorSpec
+from ..plan.seeding import client_rng
+from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
 
 MEANS = "fedmix.means"

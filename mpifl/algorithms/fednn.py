@@ -57,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
 from ..models import set_agn_tau
 from ..models.fednn import AGN_TAU0, BN, GN

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
-from ..wire import TensorSpec
+from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
 
 PROTOS, COUNTS, PRESENT = "fedproto.protos", "fedproto.counts", "fedproto.present"

@@ -10,7 +10,7 @@ DomainNet; FedRDN's appendix uses 1e-3).
 
 import torch
 
-from ..config import Option
+from ..plan.config import Option
 from .fedavg import FedAvg
 
 

@@ -39,7 +39,7 @@ are not defaults here: pass ``--lr``.
 
 from __future__ import annotations
 
-from ..config import Option, RunConfig
+from ..plan.config import Option, RunConfig
 from ..errors import MpiflError
 from ..models import adaptive_clip_
 from .fedavg import FedAvg

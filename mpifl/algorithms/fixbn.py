@@ -20,7 +20,7 @@ global model.
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..config import Option
+from ..plan.config import Option
 from .fedavg import FedAvg
 
 

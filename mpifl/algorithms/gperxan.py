@@ -39,8 +39,8 @@ import copy
 
 import torch.nn.functional as F
 
-from ..config import Option
-from ..wire import TensorSpec
+from ..plan.config import Option
+from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
 
 _UP, _DOWN = "gperxan.bn/", "gperxan.global_bn/"

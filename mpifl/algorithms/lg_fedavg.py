@@ -36,7 +36,7 @@ local objective without its optional auxiliary representation losses).
 
 from __future__ import annotations
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
 from .fedavg import FedAvg
 

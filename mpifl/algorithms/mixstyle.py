@@ -26,7 +26,7 @@ paper's defaults and the authors' PACS configuration
 (``resnet18_mixstyle_L234_p0d5_a0d1``).
 """
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
 from ..models.mixstyle import MIXSTYLE_ALPHA, MIXSTYLE_P, MixStyle
 from ..models.surgery import insert_after, stage_outputs

@@ -46,7 +46,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..config import Option
+from ..plan.config import Option
 from ..errors import MpiflError
 from .fedavg import FedAvg
 

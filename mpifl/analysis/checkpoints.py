@@ -1,6 +1,6 @@
 """Client and server models rebuilt from a run's checkpoint, for the analyses.
 
-A checkpoint (:mod:`mpifl.checkpoint`, written with ``--ckpt-every N`` or when
+A checkpoint (:mod:`mpifl.job.checkpoint`, written with ``--ckpt-every N`` or when
 a signal stops a run) holds, after round R's aggregation:
 
 * ``server.pt``: the server state, i.e. the model entries the method shares
@@ -46,12 +46,12 @@ import torch
 from torch import nn
 
 from mpifl.algorithms import ClientState, all_options, get_algorithm
-from mpifl.checkpoint import load as load_meta
-from mpifl.checkpoint import load_clients, load_server
-from mpifl.config import RunConfig, resolve
+from mpifl.job.checkpoint import load as load_meta
+from mpifl.job.checkpoint import load_clients, load_server
+from mpifl.plan.config import RunConfig, resolve
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
-from mpifl.session import Session, make_session, read_labels
+from mpifl.plan.session import Session, make_session, read_labels
 
 MODEL_SOURCES = ("local", "checkpoint")
 
@@ -133,9 +133,9 @@ class Checkpointed:
         """The client's model after one round (R+1) of local training from the checkpoint, as its rank would
         train it (seeded batch order, transforms and torch generator of (seed, client, R+1), the method's hooks,
         the run's precision; ``--compile`` is not applied, which may change the last bits)."""
-        from mpifl.precision import Precision
-        from mpifl.seeding import client_rng, client_torch_seed
-        from mpifl.training import train_local
+        from mpifl.client.precision import Precision
+        from mpifl.plan.seeding import client_rng, client_torch_seed
+        from mpifl.client.training import train_local
 
         cfg, algo = self.cfg, self.algo
         spec = self.session.clients[cid]
@@ -165,9 +165,9 @@ class Checkpointed:
     def _client_data(self) -> dict:
         """Every client's data (normalized as the run normalizes it), loaded once."""
         if not self._data:
-            from mpifl.augment import channel_stats, make_normalizer
-            from mpifl.client_data import load_client_data
-            from mpifl.transforms import TrainTransforms, parse
+            from mpifl.client.normalize import channel_stats, make_normalizer
+            from mpifl.client.client_data import load_client_data
+            from mpifl.client.transforms import TrainTransforms, parse
 
             cfg, session = self.cfg, self.session
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
@@ -207,7 +207,7 @@ def _summarize(keys: list[str]) -> str:
 
 def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device: str = "cpu") -> Checkpointed:
     """The run in ``run_dir`` at its checkpoint (``checkpoint/meta.json``); tensors loaded with
-    ``torch.load(weights_only=True)`` (:mod:`mpifl.checkpoint`)."""
+    ``torch.load(weights_only=True)`` (:mod:`mpifl.job.checkpoint`)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, data_root)
     manifest = ensure_dataset(cfg.data_root, cfg.data)

@@ -75,7 +75,7 @@ class PaperResult:
 
     def matches(self, config: Mapping[str, Any]) -> bool:
         """Whether a run with this flat configuration (``config.json``) is this row's method."""
-        from mpifl.config import RunConfig
+        from mpifl.plan.config import RunConfig
 
         defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
         return all(config.get(k, defaults.get(k)) == v for k, v in self.run.items())

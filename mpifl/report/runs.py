@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
-from mpifl.metrics import summary_rows
+from mpifl.server.run_log import summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "ckpt_every",
@@ -64,7 +64,7 @@ class Run:
     @cached_property
     def scores(self) -> dict[str, dict[str, dict]]:
         """``scores[kind][domain]`` = {last, best (fractions), last_round, best_round}: test accuracy at the
-        last evaluation and at the round of best mean validation accuracy (:func:`mpifl.metrics.summary_rows`,
+        last evaluation and at the round of best mean validation accuracy (:func:`mpifl.server.run_log.summary_rows`,
         the rule of ``summary.csv``); ``domain`` ``mean`` is the mean over source domains."""
         out: dict[str, dict[str, dict]] = {}
         for row in summary_rows(self.records, self.kinds, self.source_domains, self.holdout):

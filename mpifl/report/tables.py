@@ -4,7 +4,7 @@ paper's numbers beside ours when the runs come from a preset (``--preset``, :mod
 For each configuration (:func:`mpifl.report.runs.group_runs`) and model kind
 (global / personal), per domain: test accuracy (%) at the last evaluated
 round and at the round of best mean validation accuracy (the rule of
-``summary.csv``: :func:`mpifl.metrics.summary_rows`), as mean ± sample
+``summary.csv``: :func:`mpifl.server.run_log.summary_rows`), as mean ± sample
 standard deviation (n - 1) over the seeds.  With a preset, the paper's
 number for the same method (:meth:`mpifl.presets.Preset.result_for`), its
 standard deviation when the paper gives one, and ours minus the paper's at

@@ -3,7 +3,7 @@
 import torch
 
 from mpifl.algorithms import get_algorithm
-from mpifl.config import RunConfig
+from mpifl.plan.config import RunConfig
 from mpifl.models import build_model, state_entries
 
 from ..conftest import launch

@@ -8,7 +8,7 @@ import torch
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.deltas import local_steps
 from mpifl.algorithms.feddc import DRIFT, GLOBAL_UPDATE, LAST, THETA_PLUS_DRIFT, UPDATE
-from mpifl.clients import ClientSpec
+from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics

@@ -7,7 +7,7 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.feddyn import GRAD, H
-from mpifl.clients import ClientSpec
+from mpifl.plan.clients import ClientSpec
 from mpifl.errors import MpiflError
 from mpifl.models import state_entries
 

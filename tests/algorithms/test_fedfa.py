@@ -6,7 +6,7 @@ import torch
 
 from mpifl.algorithms import Uploads, get_algorithm
 from mpifl.algorithms.fedfa import FedFA
-from mpifl.config import RunConfig
+from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.models import build_model, state_entries
 from mpifl.models.fedfa import FeatureAugmentation, fusion_gamma

@@ -7,7 +7,7 @@ from torch import nn
 
 from mpifl.algorithms.fedmix import MEANS, mean_rows
 from mpifl.errors import MpiflError
-from mpifl.seeding import client_rng
+from mpifl.plan.seeding import client_rng
 
 from .helpers import make_algo
 

@@ -5,12 +5,12 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.deltas import local_steps, solver_norm
-from mpifl.client_data import load_client_data
-from mpifl.config import RunConfig
+from mpifl.client.client_data import load_client_data
+from mpifl.plan.config import RunConfig
 from mpifl.data import ensure_dataset
-from mpifl.seeding import client_rng
-from mpifl.session import make_session, read_labels
-from mpifl.training import train_local
+from mpifl.plan.seeding import client_rng
+from mpifl.plan.session import make_session, read_labels
+from mpifl.client.training import train_local
 
 from ..conftest import launch, read_metrics
 from .helpers import make_algo

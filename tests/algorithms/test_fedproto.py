@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads, get_algorithm
 from mpifl.algorithms.fedproto import COUNTS, PRESENT, PROTOS, aggregate_prototypes
-from mpifl.config import resolve
+from mpifl.plan.config import resolve
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics

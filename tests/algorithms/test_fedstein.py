@@ -7,7 +7,7 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.models.jsbn import JSBatchNorm2d
-from mpifl.clients import ClientSpec
+from mpifl.plan.clients import ClientSpec
 from mpifl.models import james_stein, state_entries
 
 from .helpers import make_algo

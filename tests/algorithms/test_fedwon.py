@@ -9,7 +9,7 @@ from torch import nn
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.fedwon import auto_agc_clip
-from mpifl.config import RunConfig
+from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.models import WSConv2d, adaptive_clip_, state_entries
 

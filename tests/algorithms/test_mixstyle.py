@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifl.algorithms import get_algorithm
-from mpifl.config import RunConfig
+from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.models import build_model, state_entries
 from mpifl.models.mixstyle import MixStyle

@@ -7,7 +7,7 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
-from mpifl.clients import ClientSpec
+from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from mpifl.algorithms import ALGORITHMS, all_options, get_algorithm
-from mpifl.config import CORE_KEYS, check, resolve
+from mpifl.plan.config import CORE_KEYS, check, resolve
 from mpifl.data import KNOWN_DATASETS
 from mpifl.data import camelyon, cifar, digits, fairface, isic
 from mpifl.data.__main__ import PREPARERS

@@ -1,11 +1,11 @@
-"""Synthetic run directories: config.json and metrics.jsonl in the format of mpifl.metrics, with known numbers."""
+"""Synthetic run directories: config.json and metrics.jsonl in the format of mpifl.server.run_log, with known numbers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mpifl.config import RunConfig
+from mpifl.plan.config import RunConfig
 
 
 def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), holdout: str | None = None,

@@ -1,0 +1,188 @@
+"""A client's images on its host rank, batched without per-sample Python work.
+
+A host rank opens only the shards of the domains its clients hold.  A
+client's images either stay **resident** (read once, kept on the device as
+uint8 NCHW; a mini-batch is one index-select) or, when they exceed
+``--stream-above`` GiB, **stream** from the shard in blocks of rows read by a
+background thread one block ahead.  The choice is made per client from its
+own size, so it never depends on the number of ranks.
+
+Either way a mini-batch becomes the model's input by one fused
+scale-and-shift, ``x = (p / 255 - mean) / std = p * (1 / (255 std)) - mean /
+std``, with the (mean, std) its :class:`~mpifl.client.normalize.Normalizer` gives: the
+dataset's by default, drawn per batch or per image under FedRDN (``--aug``);
+training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`).
+
+Epoch order: resident data follow one seeded permutation of all rows;
+streamed data visit their blocks in a seeded order and permute the rows
+inside each block (rows left over at a block's end open the next block's
+batches), the usual trade of shuffling for sequential reads.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .normalize import Normalizer, fixed
+from ..plan.clients import SPLITS, ClientSpec
+from ..data import DatasetManifest, open_shard
+from .transforms import TrainTransforms
+
+Segments = list[tuple[str, np.ndarray]]  # (shard split, ascending rows) making up one of the client's splits
+
+
+class ResidentImages:
+    """All of a split's images on the device."""
+
+    def __init__(self, pixels: torch.Tensor):
+        self.pixels = pixels
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def shuffled(self, rng: np.random.Generator, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.from_numpy(rng.permutation(len(self))).to(self.pixels.device)
+        for start in range(0, len(self), batch_size):
+            index = order[start:start + batch_size]
+            yield self.pixels[index], index
+
+    def in_order(self, batch_size: int) -> Iterator[tuple[torch.Tensor, slice]]:
+        for start in range(0, len(self), batch_size):
+            yield self.pixels[start:start + batch_size], slice(start, start + batch_size)
+
+
+class StreamedImages:
+    """A split's images read from its shard in blocks of ``block`` rows, one block ahead."""
+
+    def __init__(self, root, manifest: DatasetManifest, domain: str, segments: Segments, device, block: int):
+        self.root, self.manifest, self.domain, self.device, self.block = root, manifest, domain, device, block
+        # (shard split, rows, first position of the block within this client split)
+        self.blocks = []
+        position = 0
+        for split, rows in segments:
+            for start in range(0, len(rows), block):
+                self.blocks.append((split, rows[start:start + block], position))
+                position += len(rows[start:start + block])
+        self.length = position
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _read(self, shard, block_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        split, rows, first = self.blocks[block_index]
+        pixels, _ = shard.load(split, indices=rows)
+        pixels = torch.from_numpy(np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))).to(self.device)
+        return pixels, torch.arange(first, first + len(rows), device=self.device)
+
+    def _blocks(self, order) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = list(order)
+        with open_shard(self.root, self.manifest, self.domain) as shard, ThreadPoolExecutor(1) as reader:
+            pending = reader.submit(self._read, shard, order[0]) if order else None
+            for i in range(len(order)):
+                block = pending.result()
+                pending = reader.submit(self._read, shard, order[i + 1]) if i + 1 < len(order) else None
+                yield block
+
+    def shuffled(self, rng: np.random.Generator, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        carry_pixels, carry_index = None, None
+        for pixels, index in self._blocks(rng.permutation(len(self.blocks))):
+            perm = torch.from_numpy(rng.permutation(len(index))).to(self.device)
+            pixels, index = pixels[perm], index[perm]
+            if carry_pixels is not None:
+                pixels, index = torch.cat([carry_pixels, pixels]), torch.cat([carry_index, index])
+            full = len(index) - len(index) % batch_size
+            for start in range(0, full, batch_size):
+                yield pixels[start:start + batch_size], index[start:start + batch_size]
+            carry_pixels, carry_index = pixels[full:], index[full:]
+        if carry_index is not None and len(carry_index):
+            yield carry_pixels, carry_index
+
+    def in_order(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for pixels, index in self._blocks(range(len(self.blocks))):
+            for start in range(0, len(index), batch_size):
+                yield pixels[start:start + batch_size], index[start:start + batch_size]
+
+
+class ClientData:
+    """Train/val/test images (resident or streamed) and labels (always resident) of one client."""
+
+    def __init__(self, images: dict, labels: dict[str, torch.Tensor], normalizer: Normalizer,
+                 transforms: TrainTransforms | None = None):
+        self.images = images
+        self.labels = labels
+        self.normalizer = normalizer
+        self.transforms = transforms or TrainTransforms(())
+
+    def size(self, split: str) -> int:
+        return len(self.labels[split])
+
+    def _input(self, pixels: torch.Tensor, affine, rng: np.random.Generator | None = None) -> torch.Tensor:
+        scale, shift = affine
+        x = pixels.float()
+        if rng is not None and self.transforms:
+            x = self.transforms(x, rng)
+        return torch.addcmul(shift, x, scale)
+
+    def train_batches(self, rng: np.random.Generator, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch in a seeded random order.
+
+        A last batch of a single sample is dropped when batch_size > 1: batch
+        normalization cannot train on one sample, and the sample is seen in
+        other epochs and rounds under other orders.
+        """
+        for pixels, index in self.images["train"].shuffled(rng, batch_size):
+            if len(pixels) == 1 and batch_size > 1:
+                return
+            yield self._input(pixels, self.normalizer.train(len(pixels), rng), rng), self.labels["train"][index]
+
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        affine = self.normalizer.eval()
+        for pixels, index in self.images[split].in_order(batch_size):
+            yield self._input(pixels, affine), self.labels[split][index]
+
+    def pixel_chunks(self, split: str) -> Iterator[torch.Tensor]:
+        """The split's uint8 images in chunks, for statistics over a whole split."""
+        for pixels, _ in self.images[split].in_order(256):
+            yield pixels
+
+
+def _segments(client: ClientSpec) -> dict[str, Segments]:
+    """Which shard rows make up each of the client's splits (a held-out domain: all rows are test)."""
+    if client.trains:
+        return {split: [(split, client.rows[split])] for split in SPLITS}
+    empty = np.zeros(0, dtype=np.int64)
+    return {"train": [("train", empty)], "val": [("val", empty)],
+            "test": [(split, client.rows[split]) for split in SPLITS]}
+
+
+def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[ClientSpec],
+                     device: torch.device, stream_above_gib: float = float("inf"),
+                     block: int = 2048, transforms: TrainTransforms | None = None) -> dict[int, ClientData]:
+    """Each hosted client's labels, and its images resident or streamed (dataset normalization)."""
+    normalizer = fixed(manifest.normalize["mean"], manifest.normalize["std"], device=device)
+    image_bytes = int(np.prod(manifest.image_size)) * manifest.channels
+    out: dict[int, ClientData] = {}
+    for domain in sorted({c.domain for c in clients}, key=manifest.domains.index):
+        with open_shard(root, manifest, domain) as shard:
+            for client in (c for c in clients if c.domain == domain):
+                segments = _segments(client)
+                labels = {s: torch.from_numpy(np.concatenate([shard.labels(k)[r] for k, r in parts])).to(device)
+                          for s, parts in segments.items()}
+                streamed = sum(len(r) for parts in segments.values() for _, r in parts) * image_bytes \
+                    > stream_above_gib * 2**30
+                images = {s: StreamedImages(root, manifest, domain, parts, device, block) if streamed else
+                          ResidentImages(_read_all(shard, parts, device)) for s, parts in segments.items()}
+                out[client.id] = ClientData(images, labels, normalizer, transforms)
+    return out
+
+
+def _read_all(shard, parts: Segments, device) -> torch.Tensor:
+    height, width = shard.image_size
+    pixels = np.concatenate([np.zeros((0, height, width, shard.channels), np.uint8)]
+                            + [shard.load(split, indices=rows)[0] for split, rows in parts if len(rows)])
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))).to(device)

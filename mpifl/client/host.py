@@ -1,0 +1,211 @@
+"""A client rank: hosts a fixed set of logical clients for the whole run (DESIGN 1-2).
+
+Each round: receive the download, evaluate every hosted client if asked
+(scalars only), train the hosted clients of the round one after the other
+in id order, and send their uploads in one gather.  Between clients only
+tensors are swapped in and out of one model instance: the download, then the
+client's private state.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ..algorithms import ClientState
+from .normalize import EXCHANGED, channel_stats, exchange_stats, make_normalizer
+from ..transport.buffers import ReusedBuffer
+from ..job.checkpoint import Checkpoint, load_clients, save_clients
+from .client_data import load_client_data
+from ..transport.mpi import Comm
+from ..errors import MpiflError
+from ..transport.exchange import exchange_once
+from ..transport.gpu_mpi import cuda_aware, device_buffers
+from ..job.faults import maybe_inject
+from ..transport.messages import EVAL_SPLITS, NO_EVAL, STOP, TRAIN
+from .precision import Precision
+from ..plan.seeding import client_rng, client_torch_seed
+from ..plan.session import Session
+from .training import evaluate, train_local
+from .transforms import TrainTransforms, parse
+
+
+class ClientHost:
+    def __init__(self, session: Session, comm: Comm, device: torch.device, run_dir: Path,
+                 resumed: Checkpoint | None = None):
+        self.session, self.comm, self.device = session, comm, device
+        self.run_dir, self.resumed = run_dir, resumed
+        self.algo = session.algo
+        self.hosted = session.placement[comm.rank - 1]
+        specs = [session.clients[c] for c in self.hosted]
+        self.data = load_client_data(session.cfg.data_root, session.manifest, specs, device,
+                                     stream_above_gib=session.cfg.stream_above,
+                                     transforms=TrainTransforms(parse(session.cfg.train_transforms)))
+        cfg = session.cfg
+        self.precision = Precision(cfg.precision, device, cfg.channels_last)
+        self.model = session.build_model().to(device)
+        if cfg.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        if cfg.compile:  # the feature extractor, where the time goes; forward() and batch_loss call it
+            self.model.encode = torch.compile(self.model.encode)
+        self.slots = self.model.state_dict()  # tensors aliasing the model's parameters and buffers
+        self.clients: dict[int, ClientState] = {}
+        saved = load_clients(run_dir, resumed, self.hosted) if resumed else {}
+        for spec in specs:
+            client = self.algo.init_client(spec, session.initial)
+            if spec.id in saved:
+                client.private = _restored(client.private, saved[spec.id], spec.id)
+            client.private = {k: v.to(device) for k, v in client.private.items()}
+            self.clients[spec.id] = client
+        self.stopped = False  # the server's STOP message ended the run early
+        self.data_seconds = 0.0  # of this round's training, producing batches
+        on_gpu = device.type == "cuda"
+        self.device_buffers = device_buffers(cfg.gpu_buffers, on_gpu, cuda_aware())
+        # on the GPU for a CUDA-aware MPI; else page-locked host memory: fast, asynchronous copies to the GPU
+        self.down_buffer, self.up_buffer = (ReusedBuffer(pinned=on_gpu, device=device if self.device_buffers else None)
+                                            for _ in range(2))
+
+    def run(self) -> None:
+        if self.session.cfg.aug != "none":
+            self._set_normalizers()
+        self._setup_exchange()
+        rounds = self.session.cfg.rounds
+        start = self.resumed.round if self.resumed else 0
+        for r in range(start + 1, rounds + 2):  # rounds 1..R, then the final evaluation
+            if r <= rounds:
+                self.algo.enter_round(r)
+            messages = self.session.messages()
+            down = self.down_buffer.get(messages.down.nbytes)
+            self.comm.bcast(down)
+            header, download = messages.read_down(down)
+            if header.round != r:
+                raise RuntimeError(f"rank {self.comm.rank} expected round {r}, the server sent {header.round}")
+            if header.saves:  # the state after round r-1, before this message changes anything
+                save_clients(self.run_dir, r - 1, self.comm.rank, {c: s.private for c, s in self.clients.items()})
+            download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
+            self._synchronize()  # the copies out of a pinned buffer end before it is reused
+            self._adopt(download)
+            sampled = [] if header.action != TRAIN else \
+                [int(c) for c in self.session.sampled(r) if int(c) in self.clients]
+            evaluated = self.hosted if header.evaluate != NO_EVAL else []
+            send = self.up_buffer.get(messages.upload_bytes(len(sampled), len(evaluated)))
+            seconds, eval_segments, client_segments = messages.segments(send, len(sampled), len(evaluated))
+
+            start = time.perf_counter()
+            if evaluated:
+                self.algo.begin_eval(self.model, header.evaluate)
+            for cid, segment in zip(evaluated, eval_segments):
+                messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download)}, out=segment)
+            evaluated_at = time.perf_counter()
+            self.data_seconds = 0.0
+            for cid, segment in zip(sampled, client_segments):
+                messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
+            trained_at = time.perf_counter()
+            messages.seconds.pack({"rank.seconds": torch.tensor(
+                [trained_at - evaluated_at, evaluated_at - start, self.data_seconds], dtype=torch.float64)},
+                out=seconds)
+            counts = [0] * self.comm.size
+            counts[self.comm.rank] = send.nbytes
+            if self.device_buffers:
+                self._synchronize()  # MPI reads the GPU buffer only once the packing kernels are done
+            self.comm.gatherv(send, counts)
+            if header.action == STOP:
+                self.stopped = True
+                return
+
+    def placement_note(self) -> str:
+        """Where this rank computes and where its messages live, for ``log.txt``."""
+        where = "on the GPU" if self.device_buffers else "pinned" if self.device.type == "cuda" else "host memory"
+        return f"{self.device}, message buffers {where}"
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _adopt(self, download: dict[str, torch.Tensor]) -> None:
+        """Entries sent down but not back become every hosted client's own (see Algorithm.sends_back)."""
+        for client in self.clients.values():
+            client.private.update({k: download[k].clone() for k in self.algo.adopted_keys})
+
+    def _set_normalizers(self) -> None:
+        """``--aug``: each client's own channel statistics (from the images it trains on, or a held-out
+        domain's test images), and for FedRDN every training client's, exchanged once."""
+        cfg = self.session.cfg
+        channels = self.session.manifest.channels
+        own = {cid: channel_stats(self.data[cid].pixel_chunks("train" if self.clients[cid].spec.trains else "test"),
+                                  channels).numpy() for cid in self.hosted}
+        everyone = None
+        if cfg.aug in EXCHANGED:
+            mine = self.session.trainers_by_rank[self.comm.rank - 1]
+            everyone = exchange_stats(self.comm, [own[c] for c in mine], self.session.trainers_by_rank,
+                                      self.session.manifest.channels)
+        for cid in self.hosted:
+            self.data[cid].normalizer = make_normalizer(cfg.aug, own[cid], everyone, cfg.aug_draw, self.device)
+
+    def _setup_exchange(self) -> None:
+        """The method's one-time exchange (``Algorithm.setup_exchange``), if it has one."""
+        spec = self.algo.setup_exchange()
+        if spec is not None:
+            mine = self.session.trainers_by_rank[self.comm.rank - 1]
+            local = [self.algo.setup_contribution(self.clients[c], self.data[c]) for c in mine]
+            everyone = exchange_once(self.comm, local, self.session.trainers_by_rank, spec, spec.name)
+            self.algo.setup_received(everyone.to(self.device))
+
+    def _load(self, download: dict[str, torch.Tensor], private: dict[str, torch.Tensor]) -> None:
+        """Model state = shared entries from the download + unshared entries from ``private``."""
+        keys = self.algo.shared_keys + self.algo.private_keys
+        sources = [download[k] for k in self.algo.shared_keys] + [private[k] for k in self.algo.private_keys]
+        _copy_all([self.slots[k] for k in keys], sources)
+
+    def _train(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> dict:
+        cfg = self.session.cfg
+        self._load(download, client.private)
+        if maybe_inject(rank=self.comm.rank, client=client.id, round_index=round_index) == "nan":
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
+        self.algo.begin_local(client, self.model, download)
+        optimizer = self.algo.make_optimizer(self.model, round_index)
+        stats = train_local(self.model, self.algo, client, self.data[client.id], optimizer,
+                            cfg.local_epochs, cfg.batch_size, client_rng(cfg.seed, client.id, round_index),
+                            round_index, self.precision)
+        self.data_seconds += stats.data_seconds
+        _copy_all([client.private[k] for k in self.algo.private_keys],
+                  [self.slots[k] for k in self.algo.private_keys])
+        upload = {k: self.slots[k] for k in self.algo.uploaded_keys}
+        upload.update(self.algo.end_local(client, self.model))
+        upload["client.meta"] = torch.tensor(
+            [client.spec.num_train, stats.steps, stats.loss_sum, stats.correct, stats.seen], dtype=torch.float64)
+        return upload
+
+    def _evaluate(self, client: ClientState, download: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(model kind, split, [loss sum, correct, count]) for one client."""
+        out = torch.zeros(len(self.algo.evaluates), len(EVAL_SPLITS), 3, dtype=torch.float64)
+        for k, kind in enumerate(self.algo.evaluates):
+            if kind == "personal" and not client.spec.trains:
+                continue  # a held-out domain has no personal model: its scores stay (0, 0, 0)
+            self._load(download, client.private if kind == "personal"
+                       else self.algo.global_private(client, download))
+            for s, split in enumerate(EVAL_SPLITS):
+                out[k, s] = torch.tensor(evaluate(self.model, self.data[client.id], split,
+                                                  self.session.cfg.eval_batch_size, self.precision),
+                                         dtype=torch.float64)
+        return out
+
+
+def _restored(fresh: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], cid: int) -> dict[str, torch.Tensor]:
+    """A client's checkpointed private state, checked against what the method keeps for it."""
+    for key, tensor in fresh.items():
+        if key not in saved or saved[key].shape != tensor.shape:
+            raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(tensor.shape)}; "
+                             "the checkpoint is of another model or method version; start a new run")
+    return saved
+
+
+@torch.no_grad()
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """In-place copies in one fused call (torch's foreach kernels refuse empty lists)."""
+    if targets:
+        torch._foreach_copy_(targets, sources)

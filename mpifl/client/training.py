@@ -1,0 +1,95 @@
+"""Local training and evaluation of one client's model."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..algorithms import Algorithm, ClientState
+from .client_data import ClientData
+from ..errors import MpiflError
+from .precision import FP32, Precision
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    loss_sum: float  # training objective (CE + the method's term) summed over samples
+    correct: int
+    seen: int
+    data_seconds: float = 0.0  # spent producing batches (host-side time; on a GPU the indexing is asynchronous)
+
+
+def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: ClientData,
+                optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
+                rng: np.random.Generator, round_index: int, precision: Precision = FP32) -> TrainStats:
+    """E epochs of mini-batch SGD on the client's train split.
+
+    Loss = the algorithm's batch loss (CE plus the method's terms), with
+    the algorithm's gradient corrections between backward and step.  A
+    non-finite loss stops the run: checked once per epoch (one device sync).
+    """
+    algo.train_mode(model)
+    stats = TrainStats(0, 0.0, 0, 0)
+    for epoch in range(epochs):
+        loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
+        correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
+        seen = 0
+        for x, y in _timed(data.train_batches(rng, batch_size), stats):
+            optimizer.zero_grad(set_to_none=True)
+            with precision.autocast():
+                loss, logits = algo.batch_loss(client, model, precision.inputs(x), y)
+            precision.backward(loss, optimizer)
+            algo.after_backward(client, model)
+            precision.step(optimizer)
+            loss_sum += loss.detach().double() * len(y)
+            correct += (logits.detach().argmax(1) == y).sum()
+            seen += len(y)
+            stats.steps += 1
+        epoch_loss = float(loss_sum)
+        if not math.isfinite(epoch_loss):
+            raise MpiflError(
+                f"loss is {epoch_loss} for client {client.id} ({client.spec.domain}) in round {round_index}, "
+                f"epoch {epoch + 1}; lower --lr or check that client's data")
+        stats.loss_sum += epoch_loss
+        stats.correct += int(correct)
+        stats.seen += seen
+    return stats
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ClientData, split: str, batch_size: int,
+             precision: Precision = FP32) -> tuple[float, int, int]:
+    """(summed cross-entropy, correct, count) of the model on one split."""
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
+    correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
+    for x, y in data.eval_batches(split, batch_size):
+        with precision.autocast():
+            logits = model(precision.inputs(x)).float()
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        correct += (logits.argmax(1) == y).sum()
+    return float(loss_sum), int(correct), data.size(split)
+
+
+def _timed(batches: Iterator, stats: TrainStats) -> Iterator:
+    """``batches``, adding the time each takes to arrive to ``stats.data_seconds``."""
+    batches = iter(batches)
+    while True:
+        start = time.perf_counter()
+        batch = next(batches, None)
+        stats.data_seconds += time.perf_counter() - start
+        if batch is None:
+            return
+        yield batch
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,180 @@
+"""Run configuration: defaults < ``--config FILE`` < command line.
+
+:class:`RunConfig` holds the options every run has.  Options that belong to
+one method (``--mu``, ``--uniform-weights`` ...) are declared by the
+algorithm classes themselves as :class:`Option` and live in
+``RunConfig.algo_options``; an option left unset takes the default its
+algorithm declares.  The resolved configuration is written to the run
+directory as flat JSON, which ``--config`` reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..client.normalize import AUGMENTATIONS, DRAWS
+from ..errors import MpiflError
+from ..client.transforms import TRANSFORMS, parse
+
+
+@dataclass(frozen=True)
+class Option:
+    """A method-specific option, turned into a CLI flag and a config key."""
+
+    name: str  # config key, e.g. "uniform_weights" -> --uniform-weights
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass
+class RunConfig:
+    algo: str = "fedavg"
+    data: str = "styledigits"
+    data_root: str = "datasets"
+    model: str = "auto"
+    pretrained: str | None = None
+    rounds: int = 10
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clients_per_domain: int = 1
+    num_clients: int = 0
+    dirichlet: float = 0.0
+    samples_per_client: int = 0
+    percent: float = 1.0
+    fraction: float = 1.0
+    holdout: str | None = None
+    aug: str = "none"
+    aug_draw: str = "batch"
+    train_transforms: str = "none"
+    seed: int = 0
+    eval_every: int = 1
+    eval_batch_size: int = 512
+    stream_above: float = 2.0
+    out: str | None = None
+    device: str = "auto"
+    threads: int = 0
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    gpu_buffers: str = "auto"
+    ckpt_every: int = 0
+    round_timeout: float = 0.0
+    preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
+    algo_options: dict = field(default_factory=dict)
+
+    def opt(self, name: str) -> Any:
+        """Value of a method-specific option (resolved by :func:`resolve`)."""
+        return self.algo_options[name]
+
+    def to_flat(self) -> dict:
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algo_options"}
+        flat.update(self.algo_options)
+        return flat
+
+
+_CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
+               for f in dataclasses.fields(RunConfig) if f.name != "algo_options"}
+CORE_KEYS = tuple(_CORE_TYPES)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Flat mapping from a JSON or YAML file; dashes in keys become underscores."""
+    path = Path(path)
+    if not path.is_file():
+        raise MpiflError(f"config file not found: {path}; pass an existing JSON or YAML file to --config")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # parse errors of either format
+        raise MpiflError(f"cannot parse config file {path}: {str(exc).splitlines()[0]}; fix its syntax")
+    if not isinstance(data, dict):
+        raise MpiflError(f"config file {path} must hold a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def resolve(file_values: Mapping[str, Any], cli_values: Mapping[str, Any],
+            algo_options: Mapping[str, Option]) -> RunConfig:
+    """Merge file then command-line values over defaults and check types.
+
+    ``algo_options`` are all options declared by the chosen algorithm; a key
+    that no algorithm and no core field knows is an error, a key declared by
+    another algorithm only is kept in the file but reported by the caller.
+    """
+    merged = {**file_values, **cli_values}
+    unknown = sorted(k for k in merged if k not in CORE_KEYS and k not in algo_options)
+    if unknown:
+        raise MpiflError(f"unknown option(s) {', '.join(unknown)}; see `python -m mpifl.run --help` for valid names")
+    core = {k: _coerce(k, v, _CORE_TYPES[k]) for k, v in merged.items() if k in CORE_KEYS and v is not None}
+    algo = {name: _coerce(name, merged.get(name), opt.type) if merged.get(name) is not None else opt.default
+            for name, opt in algo_options.items()}
+    return RunConfig(**core, algo_options=algo)
+
+
+def _coerce(name: str, value: Any, kind: type) -> Any:
+    if kind is str:
+        return str(value)
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise MpiflError(f"option {name} must be {kind.__name__}, got {value!r}")
+
+
+def check(cfg: RunConfig) -> None:
+    """Value ranges that every run must satisfy (one-line errors)."""
+    rules = [
+        (cfg.rounds >= 1, "--rounds must be >= 1"),
+        (cfg.local_epochs >= 1, "--local-epochs must be >= 1"),
+        (cfg.batch_size >= 1, "--batch-size must be >= 1"),
+        (cfg.eval_batch_size >= 1, "--eval-batch-size must be >= 1"),
+        (cfg.stream_above >= 0, "--stream-above must be >= 0 GiB"),
+        (cfg.lr > 0, "--lr must be > 0"),
+        (cfg.momentum >= 0, "--momentum must be >= 0"),
+        (cfg.weight_decay >= 0, "--weight-decay must be >= 0"),
+        (cfg.clients_per_domain >= 1, "--clients-per-domain must be >= 1"),
+        (cfg.num_clients >= 0, "--num-clients must be >= 0 (0 = clients-per-domain x domains)"),
+        (not (cfg.num_clients and cfg.clients_per_domain > 1),
+         "give either --num-clients or --clients-per-domain, not both"),
+        (cfg.dirichlet >= 0, "--dirichlet must be > 0 (or 0 for even splits)"),
+        (cfg.samples_per_client >= 0, "--samples-per-client must be >= 0 (0 = all)"),
+        (0 < cfg.percent <= 1, "--percent must be in (0, 1]"),
+        (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
+        (0 < cfg.fraction <= 1, "--fraction must be in (0, 1]"),
+        (cfg.eval_every >= 1, "--eval-every must be >= 1"),
+        (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
+        (cfg.ckpt_every >= 0, "--ckpt-every must be >= 0 (0 = only when stopped by a signal)"),
+        (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),
+        (cfg.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
+        (cfg.precision in ("fp32", "bf16", "fp16"), "--precision must be fp32, bf16 or fp16"),
+        (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
+        (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
+        (all(t in TRANSFORMS for t in parse(cfg.train_transforms)),
+         f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
+        (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise MpiflError(message)

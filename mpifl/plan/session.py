@@ -1,0 +1,112 @@
+"""What every rank derives identically from the configuration, without talking.
+
+The dataset manifest, the logical clients, their placement on ranks, the
+seeded initial model, the algorithm and its wire layouts.  Every rank builds
+the same :class:`Session`; only the bytes of each round travel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..algorithms import Algorithm, get_algorithm
+from .clients import SPLITS, ClientSpec, make_clients
+from .config import RunConfig
+from ..data import DatasetManifest, open_shard
+from ..errors import MpiflError
+from ..transport.messages import Messages
+from ..models import PretrainedLoad, build_model, load_pretrained, state_entries
+from .placement import place_clients
+from .seeding import sample_clients, seed_model_init
+
+
+@dataclass
+class Session:
+    cfg: RunConfig
+    manifest: DatasetManifest
+    clients: list[ClientSpec]
+    placement: list[list[int]]  # client ids hosted by rank h+1
+    algo: Algorithm
+    initial: dict[str, torch.Tensor]  # seeded initial model state, identical on every rank
+    pretrained: PretrainedLoad | None = None  # what --pretrained loaded into the initial model
+    _messages: dict[int, Messages] = field(default_factory=dict)
+
+    def messages(self) -> Messages:
+        """Wire layouts of the algorithm's current phase (built once per phase)."""
+        phase = self.algo.phase
+        if phase not in self._messages:
+            self._messages[phase] = Messages(self.algo.policy(), self.algo.evaluates)
+        return self._messages[phase]
+
+    def build_model(self) -> nn.Module:
+        return _model(self.cfg, self.manifest, type(self.algo))
+
+    @cached_property
+    def training_ids(self) -> np.ndarray:
+        """Clients that train (all but a held-out domain's), ascending."""
+        return np.array([c.id for c in self.clients if c.trains], dtype=np.int64)
+
+    def sampled(self, round_index: int) -> np.ndarray:
+        """The round's participants: a seeded sample of the training clients, ascending."""
+        return self.training_ids[sample_clients(self.cfg.seed, round_index, len(self.training_ids),
+                                                self.cfg.fraction)]
+
+    @cached_property
+    def domain_of(self) -> dict[int, str]:
+        return {c.id: c.domain for c in self.clients}
+
+    @cached_property
+    def trainers_by_rank(self) -> list[list[int]]:
+        """The training clients each client rank hosts, ascending ids."""
+        return [[c for c in hosted if self.clients[c].trains] for hosted in self.placement]
+
+    @property
+    def source_domains(self) -> list[str]:
+        return [d for d in self.manifest.domains if d != self.cfg.holdout]
+
+
+def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labels: dict | None = None) -> Session:
+    """``labels``: every domain's labels per split, needed for ``--dirichlet`` only (see :func:`read_labels`)."""
+    clients = make_clients(manifest, cfg.clients_per_domain, cfg.seed, cfg.holdout, num_clients=cfg.num_clients,
+                           dirichlet=cfg.dirichlet, samples_per_client=cfg.samples_per_client, percent=cfg.percent, labels=labels)
+    for client in clients:
+        if client.trains and client.num_train == 0:
+            raise MpiflError(f"client {client.id} of domain {client.domain} gets no training images; "
+                             f"lower --clients-per-domain (now {cfg.clients_per_domain})")
+    algo_cls = get_algorithm(cfg.algo)
+    seed_model_init(cfg.seed)
+    model = _model(cfg, manifest, algo_cls)
+    pretrained = load_pretrained(model, cfg.pretrained) if cfg.pretrained else None
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    algo = algo_cls(cfg, state_entries(model))
+    algo.bind_clients(clients)
+    if cfg.holdout is not None and "global" not in algo.evaluates:
+        raise MpiflError(f"--holdout needs a method with a global model; {cfg.algo} evaluates personal models only "
+                         "(its private layers do not exist for an unseen domain); drop --holdout or pick another "
+                         "--algo")
+    placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
+    return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
+                   pretrained=pretrained)
+
+
+def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
+    """Labels of every domain and split when ``--dirichlet`` needs them (rank 0 reads, then broadcasts)."""
+    if not cfg.dirichlet:
+        return None
+    out = {}
+    for domain in manifest.domains:
+        with open_shard(cfg.data_root, manifest, domain) as shard:
+            out[domain] = {split: shard.labels(split) for split in SPLITS}
+    return out
+
+
+def _model(cfg: RunConfig, manifest: DatasetManifest, algo_cls: type[Algorithm]) -> nn.Module:
+    """The run's network, with the normalization and convolution its algorithm asks for."""
+    model = build_model(cfg.model, num_classes=manifest.num_classes, in_channels=manifest.channels,
+                        image_size=tuple(manifest.image_size), norm=algo_cls.norm, conv=algo_cls.conv)
+    return algo_cls.adapt_model(model, cfg)

@@ -1,0 +1,185 @@
+"""Run outputs on rank 0: ``metrics.jsonl`` per round, ``summary.csv`` and ``summary.md``.
+
+One JSON line per round::
+
+    {"round": 3, "clients": [0, 2, 4],
+     "train": {"loss": .., "acc": ..},
+     "bytes": {"down": .., "up": .., "wire_down": .., "wire_up": ..},
+     "seconds": {"round": .., "compute": .., "evaluation": .., "communication": .., "waiting": ..,
+                 "aggregation": ..},
+     "eval": {"global": {"test": {"mean": {"acc", "loss"}, "domains": {d: {"acc", "loss", "n"}},
+                                  "clients": {"0": {"acc", "loss", "n"}}}, "val": {..}}}}
+
+``seconds``: ``round`` is rank 0's wall clock from broadcast to aggregated;
+``compute`` and ``evaluation`` the slowest client rank's training and
+evaluation; ``communication`` rank 0's time inside the two collectives
+(bytes moving); ``waiting`` rank 0's time in the polite barriers before them
+(clients not done yet); ``aggregation`` the server rule.  The evaluation
+done in round r+1's message scores round r's model (see server.py).
+
+``eval`` appears on evaluation rounds.  Accuracies are fractions in [0, 1];
+a domain pools its clients' counts; ``mean`` is the unweighted mean over
+domains, as the papers' tables report.  ``bytes.down``/``up`` count the
+method's tensors per participating client (the ``--show-manifest`` figure
+times the clients of the round); ``wire_*`` count every byte MPI moved,
+headers, metrics and the broadcast to every client rank included.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..transport.messages import EVAL_SPLITS
+
+
+def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of: dict[int, str],
+                   domains: list[str], source_domains: list[str]) -> dict:
+    """Per-client, per-domain and mean accuracy/loss from (kind, split, [loss, correct, count]) arrays.
+
+    ``mean`` averages the source (training) domains; a held-out domain is
+    reported under ``domains`` but not in the mean.
+    """
+    out = {}
+    for k, kind in enumerate(kinds):
+        out[kind] = {}
+        for s, split in enumerate(EVAL_SPLITS):
+            clients = {str(c): _score(raw[c][k, s]) for c in sorted(raw)}
+            pooled = {d: _score(sum(raw[c][k, s] for c in raw if domain_of[c] == d)) for d in domains}
+            pooled = {d: v for d, v in pooled.items() if v["n"] > 0}
+            sources = [v for d, v in pooled.items() if d in source_domains]
+            mean = {m: float(np.mean([v[m] for v in sources])) if sources else float("nan") for m in ("acc", "loss")}
+            out[kind][split] = {"mean": mean, "domains": pooled, "clients": clients}
+    return out
+
+
+def _score(total) -> dict:
+    loss, correct, count = (float(x) for x in np.broadcast_to(total, (3,)))
+    n = int(count)
+    return {"acc": correct / n if n else float("nan"), "loss": loss / n if n else float("nan"), "n": n}
+
+
+class MetricsLog:
+    """Appends round records in order and writes the summaries at the end."""
+
+    def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None):
+        self.path = run_dir / "metrics.jsonl"
+        self.run_dir = run_dir
+        self.kinds = kinds
+        self.domains = domains  # source domains
+        self.holdout = holdout
+        self.records: list[dict] = []
+        self._pending: dict | None = None  # a round waiting for its evaluation
+
+    @property
+    def pending(self) -> dict | None:
+        """The last round's record while it waits for its evaluation."""
+        return self._pending
+
+    def resume(self, round_index: int, pending: dict | None, evaluated: bool) -> None:
+        """Continue a run checkpointed after ``round_index``: keep its records up to there (dropping any
+        written after the checkpoint), and wait again for the evaluation of ``pending`` if the continued
+        run evaluates that round (``evaluated``; a run extended past its last round may not)."""
+        last = round_index - 1 if pending else round_index
+        records = []
+        if self.path.exists():
+            records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        self.records = [r for r in records if r["round"] <= last]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        tmp.replace(self.path)
+        if pending:
+            pending.pop("eval", None)
+            self.add_round(pending, awaits_eval=evaluated)
+
+    def add_round(self, record: dict, awaits_eval: bool) -> None:
+        if awaits_eval:
+            self._pending = record
+        else:
+            self._write(record)
+
+    def add_eval(self, round_index: int, results: dict) -> None:
+        record, self._pending = self._pending, None
+        if record is None or record["round"] != round_index:
+            raise RuntimeError(f"evaluation of round {round_index} arrived with no such pending round")
+        record["eval"] = results
+        self._write(record)
+
+    def _write(self, record: dict) -> None:
+        self.records.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def last_mean_acc(self) -> float | None:
+        for record in reversed(self.records):
+            if "eval" in record:
+                return record["eval"][self.kinds[0]]["test"]["mean"]["acc"]
+        return None
+
+    def write_summary(self) -> list[dict]:
+        rows = summary_rows(self.records, self.kinds, self.domains, self.holdout)
+        with (self.run_dir / "summary.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        (self.run_dir / "summary.md").write_text(summary_markdown(rows))
+        return rows
+
+
+def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str],
+                 holdout: str | None = None) -> list[dict]:
+    """Test accuracy per source domain, their mean, and the held-out domain if any,
+    at the last round and at the best-validation round.
+
+    The best round maximises the mean validation accuracy of that model kind
+    over the source domains (the earliest on ties), the model-selection rule
+    of the papers (gPerXAN: mean source-client validation accuracy).
+    """
+    evaluated = [r for r in records if "eval" in r]
+    rows = []
+    for kind in kinds:
+        last = evaluated[-1]
+        best = max(evaluated, key=lambda r: (r["eval"][kind]["val"]["mean"]["acc"], -r["round"]))
+        targets = [holdout] if holdout and holdout in last["eval"][kind]["test"]["domains"] else []
+        for domain in domains + ["mean"] + targets:
+            def acc(record):
+                test = record["eval"][kind]["test"]
+                return test["mean"]["acc"] if domain == "mean" else test["domains"][domain]["acc"]
+            rows.append({"model": kind, "domain": domain + (" (held out)" if domain in targets else ""),
+                         "last_round": last["round"], "last_test_acc": acc(last),
+                         "best_round": best["round"], "best_test_acc": acc(best)})
+    return rows
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    lines = []
+    for kind in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == kind]
+        lines += [f"### {kind} model: test accuracy (%)", "",
+                  f"| domain | last (round {mine[0]['last_round']}) | best val (round {mine[0]['best_round']}) |",
+                  "| --- | ---: | ---: |"]
+        lines += [f"| {r['domain']} | {100 * r['last_test_acc']:.2f} | {100 * r['best_test_acc']:.2f} |" for r in mine]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def fold_summary(fold_dirs: dict[str, Path]) -> str:
+    """Leave-one-domain-out table: each held-out domain's test accuracy and their mean.
+
+    Per fold, the global model at the round of best mean source validation
+    accuracy, and at the last round (the papers' per-target-domain columns).
+    """
+    best, last = {}, {}
+    for domain, run_dir in fold_dirs.items():
+        with (run_dir / "summary.csv").open() as f:
+            row = next(r for r in csv.DictReader(f) if r["model"] == "global" and r["domain"].endswith("(held out)"))
+        best[domain], last[domain] = float(row["best_test_acc"]), float(row["last_test_acc"])
+    lines = ["### leave-one-domain-out: held-out domain test accuracy (%), global model", "",
+             "| | " + " | ".join(fold_dirs) + " | mean |", "| --- |" + " ---: |" * (len(fold_dirs) + 1)]
+    for name, values in (("best source val", best), ("last round", last)):
+        lines.append(f"| {name} | " + " | ".join(f"{100 * v:.2f}" for v in values.values())
+                     + f" | {100 * float(np.mean(list(values.values()))):.2f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,38 @@
+"""``--show-manifest``: every tensor that crosses the wire, per direction, and its bytes per round."""
+
+from __future__ import annotations
+
+from ..algorithms import SharePolicy
+from .wire import TensorSpec
+
+
+def _table(title: str, specs: list[TensorSpec], per_round_clients: int) -> list[str]:
+    total = sum(s.nbytes for s in specs)
+    lines = [f"{title}: {len(specs)} tensors, {total:,} bytes per client, "
+             f"{total * per_round_clients:,} bytes per round ({per_round_clients} clients)"]
+    width = max([len(s.name) for s in specs] + [4])
+    lines += [f"  {s.name:<{width}}  {str(list(s.shape)):<18} {str(s.dtype).replace('torch.', ''):<8} {s.nbytes:>14,}"
+              for s in specs]
+    return lines
+
+
+def format_manifest(algo_name: str, policy: SharePolicy, clients_per_round: int,
+                    setup: list[TensorSpec] = (), training_clients: int = 0) -> str:
+    """The wire manifest of an algorithm's share policy, as printed by ``--show-manifest``.
+
+    ``setup``: one-time exchanges before training (FedRDN's statistics, a
+    method's :meth:`setup_exchange`): what each of the ``training_clients``
+    uploads; every client receives all of them stacked.
+    """
+    lines = [f"wire manifest of --algo {algo_name} (per participating client per round)"]
+    for up in setup:
+        n = training_clients
+        lines.append(f"setup exchange, once before round 1: {n} clients each upload {up.name} "
+                     f"{list(up.shape)} {str(up.dtype).replace('torch.', '')} ({up.nbytes:,} bytes); every client "
+                     f"receives {up.name} {[n, *up.shape]} ({up.nbytes * n:,} bytes)")
+    lines += _table("download (server -> client)", policy.download, clients_per_round)
+    lines += _table("upload (client -> server)", policy.upload, clients_per_round)
+    kept = sum(s.nbytes for s in policy.private)
+    lines.append(f"kept on the client, never sent: {len(policy.private)} tensors, {kept:,} bytes per client")
+    lines += [f"  {s.name}" for s in policy.private]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""The byte layouts of one round's two messages.
+
+Down (one ``Bcast``): a header (command, round, which round to evaluate)
+followed by the algorithm's download tensors.
+
+Up (one ``Gatherv``): each client rank sends, in this order,
+  1. its timings (``rank.seconds``),
+  2. if the header asked for evaluation, one ``client.eval`` block per hosted
+     client, ascending id: model kind x split (val, test) x (loss sum,
+     correct, count),
+  3. one block per client of the round it hosts, ascending id: the
+     algorithm's upload tensors and ``client.meta`` (samples, steps, train
+     loss sum, correct, seen).
+Both sides derive every size from the placement and the round's sample, so
+no sizes travel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..algorithms import SharePolicy
+from .wire import Buffer, TensorSpec, WireLayout
+
+TRAIN, FINAL, STOP = 1, 2, 3  # header commands: train a round / evaluate and stop / stop (a signal)
+SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of the round before
+NO_EVAL = -1
+EVAL_SPLITS = ("val", "test")
+CLIENT_META_FIELDS = ("num_samples", "num_steps", "loss_sum", "correct", "seen")
+RANK_SECONDS_FIELDS = ("train", "evaluate", "data")  # data: producing batches, within train
+
+_HEADER = [TensorSpec("round.command", (), torch.int64), TensorSpec("round.index", (), torch.int64),
+           TensorSpec("round.evaluate", (), torch.int64)]
+
+
+@dataclass(frozen=True)
+class Header:
+    command: int  # TRAIN, FINAL or STOP, possibly | SAVE
+    round: int
+    evaluate: int  # round whose global model is in this download and must be evaluated, or NO_EVAL
+
+    @property
+    def action(self) -> int:
+        return self.command & ~SAVE
+
+    @property
+    def saves(self) -> bool:
+        return bool(self.command & SAVE)
+
+
+class Messages:
+    """Layouts shared by the server and the client ranks."""
+
+    def __init__(self, policy: SharePolicy, evaluates: tuple[str, ...]):
+        self.down = WireLayout(_HEADER + policy.download)
+        self.client = WireLayout(policy.upload + [
+            TensorSpec("client.meta", (len(CLIENT_META_FIELDS),), torch.float64)])
+        self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
+        self.seconds = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS_FIELDS),), torch.float64)])
+        self.download_names = [s.name for s in policy.download]
+        self.upload_names = [s.name for s in policy.upload]
+        self.policy_down_bytes = sum(s.nbytes for s in policy.download)
+        self.policy_up_bytes = sum(s.nbytes for s in policy.upload)
+
+    def upload_bytes(self, num_trained: int, num_evaluated: int) -> int:
+        return self.seconds.nbytes + num_evaluated * self.eval.nbytes + num_trained * self.client.nbytes
+
+    def pack_down(self, header: Header, download: dict[str, torch.Tensor], out: np.ndarray) -> None:
+        scalars = {"round.command": header.command, "round.index": header.round, "round.evaluate": header.evaluate}
+        self.down.pack({**{k: torch.tensor(v) for k, v in scalars.items()}, **download}, out=out)
+
+    def read_down(self, buf: Buffer) -> tuple[Header, dict[str, torch.Tensor]]:
+        """The header and zero-copy tensors of the download."""
+        views = self.down.unpack(buf)
+        header = Header(int(views["round.command"]), int(views["round.index"]), int(views["round.evaluate"]))
+        return header, {name: torch.as_tensor(views[name]) for name in self.download_names}
+
+    def segments(self, buf: Buffer, num_trained: int, num_evaluated: int):
+        """Byte slices (seconds, [eval per hosted client], [upload per trained client]) of one rank's upload."""
+        s, e, c = self.seconds.nbytes, self.eval.nbytes, self.client.nbytes
+        base = s + num_evaluated * e
+        if buf.nbytes != base + num_trained * c:
+            raise ValueError(f"upload of {buf.nbytes} bytes, expected {base + num_trained * c}")
+        return (buf[:s], [buf[s + i * e:s + (i + 1) * e] for i in range(num_evaluated)],
+                [buf[base + i * c:base + (i + 1) * c] for i in range(num_trained)])

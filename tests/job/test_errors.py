@@ -1,0 +1,123 @@
+"""Bad input and failing ranks: one line naming the fix, non-zero exit, no hang."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from mpifl.transport.gpu_mpi import cuda_aware
+
+from ..conftest import launch
+
+
+def _args(data_root, out, *extra):
+    return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "2", *extra]
+
+
+def _one_error_line(job, pattern: str) -> str:
+    lines = job.lines("mpifl: error") + job.lines("mpifl: rank")
+    assert len(lines) == 1, job.stdout + job.stderr
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in job.stdout + job.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag,value,pattern", [
+    ("--algo", "fedsgd", "unknown algorithm 'fedsgd'"),
+    ("--model", "vgg99", "unknown model 'vgg99'"),
+    ("--data", "mnist-x", "mnist-x"),
+    ("--device", "cuda", "no CUDA GPU is visible"),
+    ("--lr", "-1", "--lr must be > 0"),
+])
+def test_bad_options_fail_once_on_three_ranks(data_root, tmp_path, flag, value, pattern):
+    job = launch(3, *_args(data_root, tmp_path / "r", flag, value), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, pattern)
+
+
+@pytest.mark.skipif(cuda_aware() is not False, reason="needs an MPI library that says it is not CUDA-aware")
+def test_gpu_buffers_on_an_mpi_without_cuda_support_are_refused(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--gpu-buffers", "device"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "not CUDA-aware")
+
+
+def test_fewer_than_two_ranks(data_root, tmp_path):
+    job = launch(1, *_args(data_root, tmp_path / "r"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "at least 2 MPI ranks")
+
+
+def _copy_data(data_root, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    return root
+
+
+def test_missing_shard(data_root, tmp_path):
+    root = _copy_data(data_root, tmp_path)
+    (root / "styledigits" / "street.h5").unlink()
+    job = launch(3, *_args(root, tmp_path / "r"), timeout=60)
+    assert job.returncode == 2
+    line = _one_error_line(job, "street.h5")
+    assert "missing" in line
+
+
+def test_malformed_shard(data_root, tmp_path):
+    root = _copy_data(data_root, tmp_path)
+    shard = root / "styledigits" / "paper.h5"
+    shard.write_bytes(b"not an hdf5 file" * 100)
+    job = launch(3, *_args(root, tmp_path / "r"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "paper.h5")
+
+
+def test_more_client_ranks_than_clients_warns_and_finishes(data_root, tmp_path):
+    job = launch(7, *_args(data_root, tmp_path / "r", "--rounds", "1"), timeout=180)
+    assert job.returncode == 0, job.stderr
+    warnings = job.lines("mpifl: warning")
+    assert len(warnings) == 1 and "6 client ranks for 5 clients" in warnings[0]
+
+
+def test_nan_loss_names_client_and_round(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "3"),
+                 env={"MPIFL_FAULT": "nan:client=3,round=2"}, timeout=60)
+    assert job.returncode != 0
+    line = _one_error_line(job, "client 3")
+    assert "round 2" in line and "nan" in line and "--lr" in line
+
+
+def test_a_diverging_learning_rate_is_caught_as_nan(data_root, tmp_path):
+    job = launch(2, *_args(data_root, tmp_path / "r", "--lr", "1e12", "--rounds", "2"), timeout=60)
+    assert job.returncode != 0
+    _one_error_line(job, "lower --lr")
+
+
+@pytest.mark.parametrize("fault", ["raise:rank=2,round=2", "exit:rank=1,round=1"])
+def test_a_failing_rank_ends_the_job_promptly(data_root, tmp_path, fault):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "50"), env={"MPIFL_FAULT": fault}, timeout=60)
+    assert job.returncode != 0
+    assert job.seconds < 30
+    if fault.startswith("raise"):
+        line = _one_error_line(job, "rank 2 failed: RuntimeError: injected fault")
+        assert "traceback in" in line
+        assert list((tmp_path / "r").glob("traceback-rank2.txt"))
+
+
+def test_holdout_with_a_personal_only_method_is_refused(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--algo", "fedbn", "--holdout", "street"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "--holdout needs a method with a global model; fedbn evaluates personal models only")
+
+
+def test_unknown_holdout_domain(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--holdout", "moon"), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "--holdout moon is not a domain of styledigits")
+
+
+def test_missing_pretrained_checkpoint(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--pretrained", str(tmp_path / "none.pt")), timeout=60)
+    assert job.returncode == 2
+    _one_error_line(job, "none.pt")

@@ -1,0 +1,184 @@
+"""End-to-end runs through real ``mpirun``: learning, rank-count invariance, outputs, manifest."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+import pytest
+
+from mpifl.algorithms import ALGORITHMS
+
+from ..conftest import launch, read_metrics
+
+
+def _args(data_root, out, *extra):
+    return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--lr", "0.05",
+            "--momentum", "0.9", *extra]
+
+
+def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
+    run = tmp_path / "run"
+    job = launch(3, *_args(data_root, run, "--rounds", "3"))
+    assert job.returncode == 0, job.stderr
+    records = read_metrics(run)
+    assert [r["round"] for r in records] == [1, 2, 3]
+    accs = [r["eval"]["global"]["test"]["mean"]["acc"] for r in records]
+    assert accs[-1] > accs[0] and accs[-1] > 0.3, accs  # 10 classes: chance is 0.1
+    assert set(records[-1]["eval"]["global"]["test"]["domains"]) == {"mono", "paper", "street", "texture", "outline"}
+    assert records[0]["bytes"]["down"] == records[0]["bytes"]["up"] > 0
+    assert {"round", "compute", "data", "communication", "waiting", "waiting_cpu", "evaluation",
+            "aggregation"} == set(records[0]["seconds"])
+    rows = list(csv.DictReader((run / "summary.csv").open()))
+    assert sorted(r["domain"] for r in rows) == ["mean", "mono", "outline", "paper", "street", "texture"]
+    summary = (run / "summary.md").read_text()
+    assert "| mean |" in summary and "best val" in summary
+    assert (run / "config.json").exists() and (run / "log.txt").exists()
+    assert "round 3/3" in job.stdout
+
+
+def _numbers(records):
+    """Everything but timings: must not depend on the number of ranks."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "bytes")} | {"bytes": {
+        k: v for k, v in r["bytes"].items() if not k.startswith("wire")}} for r in records]
+
+
+@pytest.mark.parametrize("aug", ["none", "fedrdn"])
+def test_same_numbers_for_2_3_and_5_ranks(data_root, tmp_path, aug):
+    extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--threads", "1",
+             "--aug", aug)
+    results = {}
+    for n in (2, 3, 5):
+        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra))
+        assert job.returncode == 0, job.stderr
+        results[n] = _numbers(read_metrics(tmp_path / f"n{n}"))
+    assert results[2] == results[3] == results[5]
+    assert len(results[2][0]["clients"]) == 5  # 10 clients, fraction 0.5
+
+
+def test_singleset_evaluates_personal_models(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2"))
+    assert job.returncode == 0, job.stderr
+    record = read_metrics(tmp_path / "s")[-1]
+    assert set(record["eval"]) == {"personal"}
+    assert record["bytes"]["down"] == record["bytes"]["up"] == 0
+
+
+def test_fedprox_runs_from_a_yaml_config_with_cli_override(data_root, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("algo: fedprox\nmu: 0.1\nrounds: 5\n")
+    job = launch(2, *_args(data_root, tmp_path / "p", "--config", str(config), "--rounds", "1"))
+    assert job.returncode == 0, job.stderr
+    import json
+    resolved = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert resolved["algo"] == "fedprox" and resolved["mu"] == 0.1 and resolved["rounds"] == 1
+    assert len(read_metrics(tmp_path / "p")) == 1
+
+
+def test_show_manifest_lists_the_wire_tensors(data_root):
+    job = launch(1, "--data-root", str(data_root), "--model", "digitmodel", "--show-manifest")
+    assert job.returncode == 0, job.stderr
+    out = job.stdout
+    assert "download (server -> client): 32 tensors" in out  # 37 state entries minus 5 BN step counters
+    assert "num_batches_tracked" not in out.split("kept on the client")[0]
+    assert "fc1.weight" in out and "[2048, 6272]" in out and "float32" in out
+    per_client = 14_219_210 * 4 + 2 * 4 * (64 + 64 + 128 + 2048 + 512)  # params + BN running stats
+    assert f"{per_client:,} bytes per client" in out
+    single = launch(1, "--data-root", str(data_root), "--algo", "singleset", "--show-manifest")
+    assert "download (server -> client): 0 tensors, 0 bytes" in single.stdout
+
+
+def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
+    job = launch(2, *_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1"), timeout=300)
+    assert job.returncode == 0, job.stderr
+    folds = sorted(p.name for p in (tmp_path / "lodo").iterdir() if p.is_dir())
+    assert folds == ["holdout-mono", "holdout-outline", "holdout-paper", "holdout-street", "holdout-texture"]
+    record = read_metrics(tmp_path / "lodo" / "holdout-street")[0]
+    assert len(record["clients"]) == 4 and 3 not in record["clients"]  # street is client 3, it never trains
+    test = record["eval"]["global"]["test"]
+    assert test["domains"]["street"]["n"] == 1100  # every image of the held-out domain
+    assert abs(test["mean"]["acc"] - np.mean([test["domains"][d]["acc"] for d in
+                                              ("mono", "outline", "paper", "texture")])) < 1e-12
+    assert "| best source val |" in (tmp_path / "lodo" / "summary.md").read_text()
+
+
+STAGED = {"fixbn": ("--fixbn-stage-rounds", "2")}  # keep a staged method in its first stage here
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_root, tmp_path, algo):
+    """10 clients, half of them per round: partial participation for every method."""
+    run = tmp_path / algo
+    sampling = ("--clients-per-domain", "2", "--fraction", "0.5")
+    job = launch(3, *_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling, *STAGED.get(algo, ())))
+    assert job.returncode == 0, job.stderr
+    manifest = launch(1, *_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
+    per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
+                  for line in manifest.stdout.splitlines() if "bytes per client," in line]
+    header, meta, seconds = 3 * 8, 5 * 8, 3 * 8  # round header, client.meta, rank.seconds
+    eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
+    for record in read_metrics(run):
+        k = len(record["clients"])
+        assert record["bytes"]["down"] == per_client[0] * k and record["bytes"]["up"] == per_client[1] * k
+        assert record["bytes"]["wire_down"] == padded(per_client[0] + header) * 2  # broadcast to both client ranks
+        assert k == 5
+        evaluated = 10 if record["round"] > 1 else 0  # round r's message carries round r-1's evaluation
+        assert record["bytes"]["wire_up"] == 2 * seconds + k * padded(per_client[1] + meta) + evaluated * eval_block
+
+
+def padded(nbytes: int) -> int:
+    """A message layout's size on the wire: its tensors' bytes rounded up to a multiple of 8 (mpifl.transport.wire)."""
+    return -(-nbytes // 8) * 8
+
+
+def test_fedrdn_adds_only_channel_statistics_to_the_wire(data_root, tmp_path):
+    base = launch(1, *_args(data_root, tmp_path / "m", "--show-manifest")).stdout.splitlines()
+    rdn = launch(1, *_args(data_root, tmp_path / "m", "--show-manifest", "--aug", "fedrdn")).stdout.splitlines()
+    extra = [line for line in rdn if line not in base]
+    assert len(extra) == 1 and extra[0].startswith("setup exchange, once before round 1: 5 clients")
+    assert "fedrdn.stats [2, 3] float64 (48 bytes)" in extra[0] and "[5, 2, 3] (240 bytes)" in extra[0]
+
+
+def test_fixbn_stops_sending_bn_statistics_after_its_first_stage(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "fx", "--algo", "fixbn", "--rounds", "4", "--fixbn-stage-rounds", "2",
+                           "--lr", "0.01", "--momentum", "0"))
+    assert job.returncode == 0, job.stderr
+    stats = 4 * 2 * (16 + 32 + 64)  # SmallCNN: running mean and var of its three BN layers, float32
+    down = [r["bytes"]["down"] // 5 for r in read_metrics(tmp_path / "fx")]
+    up = [r["bytes"]["up"] // 5 for r in read_metrics(tmp_path / "fx")]
+    assert down[0] == down[1] == down[2] == up[0] == up[1] and up[2] == down[3] == up[3] == down[0] - stats
+
+
+@pytest.mark.parametrize("algo,extra", [
+    ("fedwon", ("--batch-size", "1", "--clients-per-domain", "4", "--fraction", "0.25")),
+    ("fedwon", ("--clients-per-domain", "4", "--fraction", "0.5")),
+    ("fednn", ("--clients-per-domain", "4", "--fraction", "0.5")),
+])
+def test_cross_device_and_batch_size_one(data_root, tmp_path, algo, extra):
+    job = launch(3, *_args(data_root, tmp_path / "r", "--algo", algo, "--rounds", "2", *extra))
+    assert job.returncode == 0, job.stderr
+    records = read_metrics(tmp_path / "r")
+    per_round = 5 if "0.25" in extra else 10
+    assert all(len(r["clients"]) == per_round for r in records)
+    assert len(records[-1]["eval"]["global"]["test"]["clients"]) == 20
+
+
+def test_pretrained_checkpoint_initialises_the_model(data_root, tmp_path):
+    import torch
+
+    from mpifl.models import build_model
+    torch.save(build_model("smallcnn", num_classes=7).state_dict(), tmp_path / "ckpt.pt")
+    job = launch(2, *_args(data_root, tmp_path / "r", "--rounds", "1", "--pretrained", str(tmp_path / "ckpt.pt")))
+    assert job.returncode == 0, job.stderr
+    log = (tmp_path / "r" / "log.txt").read_text()
+    assert "loaded 21 entries, 2 kept their init" in log and "classifier of another size skipped" in log
+
+
+def test_dirichlet_label_skew_over_n_clients(data_root, tmp_path):
+    job = launch(3, *_args(data_root, tmp_path / "d", "--rounds", "1", "--num-clients", "8", "--dirichlet", "0.5"))
+    assert job.returncode == 0, job.stderr
+    record = read_metrics(tmp_path / "d")[0]
+    assert len(record["clients"]) == 8
+    test = record["eval"]["global"]["test"]
+    assert {d: v["n"] for d, v in test["domains"].items()} == {d: 200 for d in test["domains"]}  # parts cover

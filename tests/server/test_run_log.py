@@ -1,0 +1,65 @@
+import csv
+import json
+
+import numpy as np
+
+from mpifl.server.run_log import MetricsLog, fold_summary, summarize_eval, summary_rows
+
+
+def _raw(correct_by_client):
+    """(1 kind, 2 splits, [loss, correct, count]) with count 10 and loss = 10 - correct."""
+    return {c: np.array([[[10 - k, k, 10], [10 - k, k, 10]]], dtype=np.float64)
+            for c, k in correct_by_client.items()}
+
+
+def test_domains_pool_clients_and_mean_is_over_source_domains():
+    out = summarize_eval(_raw({0: 2, 1: 4, 2: 9}), ("global",), {0: "a", 1: "a", 2: "b"}, ["a", "b"], ["a"])
+    test = out["global"]["test"]
+    assert test["domains"]["a"] == {"acc": 0.3, "loss": 0.7, "n": 20}
+    assert test["clients"]["2"]["acc"] == 0.9
+    assert test["mean"]["acc"] == 0.3  # b is held out: not in the mean
+
+
+def _record(r, val_acc, test_a):
+    ev = {"global": {"val": {"mean": {"acc": val_acc}},
+                     "test": {"mean": {"acc": test_a}, "domains": {"a": {"acc": test_a}, "b": {"acc": 0.5}}}}}
+    return {"round": r, "eval": ev}
+
+
+def test_summary_picks_best_validation_round_earliest_on_ties_and_reports_held_out():
+    records = [_record(1, 0.2, 0.1), _record(2, 0.6, 0.4), _record(3, 0.6, 0.9), {"round": 4}, _record(5, 0.5, 0.8)]
+    rows = summary_rows(records, ("global",), ["a"], holdout="b")
+    by_domain = {r["domain"]: r for r in rows}
+    assert list(by_domain) == ["a", "mean", "b (held out)"]
+    assert by_domain["a"]["best_round"] == 2 and by_domain["a"]["best_test_acc"] == 0.4
+    assert by_domain["a"]["last_round"] == 5 and by_domain["a"]["last_test_acc"] == 0.8
+    assert by_domain["b (held out)"]["best_test_acc"] == 0.5
+
+
+def test_log_holds_a_round_until_its_evaluation_and_writes_summaries(tmp_path):
+    log = MetricsLog(tmp_path, ("global",), ["a"])
+    log.add_round({"round": 1}, awaits_eval=True)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    log.add_eval(1, _record(1, 0.5, 0.25)["eval"])
+    log.add_round({"round": 2}, awaits_eval=False)
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [l["round"] for l in lines] == [1, 2] and "eval" in lines[0]
+    assert log.last_mean_acc() == 0.25
+    log.write_summary()
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [r["domain"] for r in rows] == ["a", "mean"] and float(rows[0]["last_test_acc"]) == 0.25
+    assert "| a | 25.00 | 25.00 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_fold_summary_table(tmp_path):
+    for domain, (best, last) in {"a": (0.5, 0.4), "b": (0.7, 0.8)}.items():
+        (tmp_path / domain).mkdir()
+        with (tmp_path / domain / "summary.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, ["model", "domain", "last_test_acc", "best_test_acc"])
+            writer.writeheader()
+            writer.writerow({"model": "global", "domain": "mean", "last_test_acc": 0, "best_test_acc": 0})
+            writer.writerow({"model": "global", "domain": f"{domain} (held out)", "last_test_acc": last,
+                             "best_test_acc": best})
+    table = fold_summary({"a": tmp_path / "a", "b": tmp_path / "b"})
+    assert "| best source val | 50.00 | 70.00 | 60.00 |" in table
+    assert "| last round | 40.00 | 80.00 | 60.00 |" in table

@@ -1,0 +1,44 @@
+"""Collectives over real MPI, including the derived-datatype path for buffers above the count limit."""
+
+from __future__ import annotations
+
+from ..conftest import launch
+
+SCRIPT = r'''
+import numpy as np
+import torch
+from mpi4py import MPI
+from mpifl.transport.mpi import Comm, node_layout
+
+def check(max_count, as_buffer):
+    comm = Comm(MPI.COMM_WORLD, max_count=max_count)
+    n = 10_007
+    buf = np.arange(n, dtype=np.uint64).astype(np.uint8) if comm.rank == 0 else np.zeros(n, np.uint8)
+    buf = as_buffer(buf)
+    comm.bcast(buf)
+    assert np.array_equal(np.asarray(buf), np.arange(n, dtype=np.uint64).astype(np.uint8)), "bcast"
+    counts = [0] + [1000 * r + 3 for r in range(1, comm.size)]
+    mine = as_buffer(np.full(counts[comm.rank], comm.rank, np.uint8))
+    got = comm.gatherv(mine, counts)
+    if comm.rank == 0:
+        assert [len(g) for g in got] == counts, "sizes"
+        assert all((g == r).all() for r, g in enumerate(got)), "content"
+    return True
+
+for as_buffer in (np.asarray, torch.from_numpy):  # numpy arrays, and tensors as GPU buffers would be
+    assert check(2**31 - 1, as_buffer) and check(1000, as_buffer) and check(7, as_buffer)
+layout = node_layout()
+assert layout.node_ranks == tuple(range(MPI.COMM_WORLD.size))
+assert layout.client_ranks == tuple(range(1, MPI.COMM_WORLD.size))
+done = MPI.COMM_WORLD.allreduce(1)
+if MPI.COMM_WORLD.rank == 0:
+    print("ok", done)
+'''
+
+
+def test_bcast_and_gatherv_small_and_above_the_count_limit(tmp_path):
+    script = tmp_path / "comm_check.py"
+    script.write_text(SCRIPT)
+    job = launch(3, script=script, timeout=120)
+    assert job.returncode == 0, job.stderr
+    assert job.lines("ok") == ["ok 3"]
