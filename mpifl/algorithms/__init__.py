@@ -1,34 +1,19 @@
-"""Registry of federated algorithms, keyed by their ``--algo`` name."""
+"""Registry of federated algorithms, keyed by their ``--algo`` name.
+
+Every module of this package is imported here; each :class:`~mpifl.algorithms.base.Algorithm` subclass
+with a ``name`` registers itself, so a new method is one new file.
+"""
+
+import importlib
+import pkgutil
 
 from ..errors import MpiflError
-from .base import Algorithm, ClientState, ServerState, SharePolicy, Uploads, weighted_mean
-from .fedavg import FedAvg
-from .fedavg_norm import FedAvgGN, FedAvgLN
-from .fedbn import FedBN
-from .fednn import FedNN
-from .fedstein import FedStein
-from .fedwon import FedWon
-from .fedavgm import FedAvgM
-from .feddc import FedDC
-from .feddyn import FedDyn
-from .fednova import FedNova
-from .scaffold import Scaffold
-from .fedprox import FedProx
-from .fixbn import FixBN
-from .gperxan import GPerXAN
-from .silobn import SiloBN
-from .singleset import SingleSet
-from .lg_fedavg import LGFedAvg
-from .fedproto import FedProto
-from .fedfa import FedFA
-from .fedmix import FedMix
-from .mixstyle import MixStyleFedAvg
-from .rsc import RSC
+from .base import REGISTRY, Algorithm, ClientState, ServerState, SharePolicy, Uploads, weighted_mean
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, SingleSet, FedBN, SiloBN, FedAvgGN, FedAvgLN, GPerXAN, FixBN,
-                              FedWon, FedStein, FedNN, Scaffold, FedNova, FedAvgM, FedDyn, FedDC,
-                              LGFedAvg, FedProto, FedFA, FedMix, MixStyleFedAvg, RSC)}
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+ALGORITHMS: dict[str, type[Algorithm]] = dict(sorted(REGISTRY.items()))
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -101,8 +101,15 @@ class Uploads:
         return self.meta[:, 1]
 
 
+REGISTRY: dict[str, type["Algorithm"]] = {}  # --algo name -> class, filled as the method files are imported
+
+
 class Algorithm:
-    """FedAvg's behaviour; methods override what differs."""
+    """FedAvg's behaviour; methods override what differs.
+
+    A subclass that sets its own ``name`` registers itself under it (:data:`REGISTRY`): adding a method is
+    adding its file to ``mpifl/algorithms/``.
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -110,6 +117,14 @@ class Algorithm:
     norm: ClassVar[str] = "bn"
     conv: ClassVar[str] = "plain"
     evaluates: ClassVar[tuple[str, ...]] = ("global",)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name:
+            if name in REGISTRY:
+                raise TypeError(f"two algorithms named {name!r}: {REGISTRY[name].__qualname__} and {cls.__qualname__}")
+            REGISTRY[name] = cls
 
     def __init__(self, cfg: RunConfig, entries: list[StateEntry]):
         self.cfg = cfg
