@@ -301,6 +301,13 @@ class Algorithm:
         """
         return client.private
 
+    def personalize(self, client: ClientState, model: nn.Module, fit) -> None:
+        """Turn the loaded personal model (download + the client's private state) into the one evaluated, on
+        the client's rank before each personal evaluation (fine-tuning, e.g. FedBABU).  ``fit(optimizer,
+        epochs)`` runs the runtime's local training loop (this method's loss and hooks) on the client's
+        training split, seeded by (seed, client, round evaluated).  What it changes lasts for this evaluation
+        only: the private state is untouched.  Default: evaluate the model as loaded."""
+
     def end_local(self, client: ClientState, model: nn.Module) -> dict[str, torch.Tensor]:
         """The :meth:`extra_upload` tensors after local training (model entries are added by the runtime)."""
         return {}

@@ -26,7 +26,7 @@ from ..transport.gpu_mpi import cuda_aware, device_buffers
 from ..job.faults import maybe_inject
 from ..transport.messages import EVAL_SPLITS, NO_EVAL, STOP, TRAIN
 from .precision import Precision
-from ..plan.seeding import client_rng, client_torch_seed
+from ..plan.seeding import client_rng, client_torch_seed, personalization_seeds
 from ..plan.session import Session
 from .training import evaluate, train_local
 from .transforms import TrainTransforms, parse
@@ -97,7 +97,8 @@ class ClientHost:
             if evaluated:
                 self.algo.begin_eval(self.model, header.evaluate)
             for cid, segment in zip(evaluated, eval_segments):
-                messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download)}, out=segment)
+                messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download, header.evaluate)},
+                                   out=segment)
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
             for cid, segment in zip(sampled, client_segments):
@@ -180,14 +181,30 @@ class ClientHost:
             [client.spec.num_train, stats.steps, stats.loss_sum, stats.correct, stats.seen], dtype=torch.float64)
         return upload
 
-    def _evaluate(self, client: ClientState, download: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(model kind, split, [loss sum, correct, count]) for one client."""
+    def _fitter(self, client: ClientState, round_index: int):
+        """``fit(optimizer, epochs)`` for :meth:`Algorithm.personalize`: the local training loop on the client's
+        training split, on the model as loaded, seeded by (seed, client, the round evaluated)."""
+        cfg = self.session.cfg
+
+        def fit(optimizer: torch.optim.Optimizer, epochs: int) -> None:
+            rng, torch_seed = personalization_seeds(cfg.seed, client.id, round_index)
+            torch.manual_seed(torch_seed)
+            train_local(self.model, self.algo, client, self.data[client.id], optimizer, epochs, cfg.batch_size,
+                        rng, round_index, self.precision)
+
+        return fit
+
+    def _evaluate(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> torch.Tensor:
+        """(model kind, split, [loss sum, correct, count]) for one client; a personal model is first
+        personalized by the method (:meth:`Algorithm.personalize`; by default left as it is)."""
         out = torch.zeros(len(self.algo.evaluates), len(EVAL_SPLITS), 3, dtype=torch.float64)
         for k, kind in enumerate(self.algo.evaluates):
             if kind == "personal" and not client.spec.trains:
                 continue  # a held-out domain has no personal model: its scores stay (0, 0, 0)
             self._load(download, client.private if kind == "personal"
                        else self.algo.global_private(client, download))
+            if kind == "personal":
+                self.algo.personalize(client, self.model, self._fitter(client, round_index))
             for s, split in enumerate(EVAL_SPLITS):
                 out[k, s] = torch.tensor(evaluate(self.model, self.data[client.id], split,
                                                   self.session.cfg.eval_batch_size, self.precision),

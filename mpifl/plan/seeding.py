@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT = 1, 2, 3, 4
+_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE = 1, 2, 3, 4, 5
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
@@ -36,6 +36,13 @@ def client_rng(seed: int, client: int, round_index: int) -> np.random.Generator:
 def client_torch_seed(seed: int, client: int, round_index: int) -> int:
     """Seed for torch's generators during one client's round (dropout, augmentation)."""
     return int(_sequence(seed, _CLIENT, client, round_index, 1).generate_state(1, np.uint64)[0] >> 1)
+
+
+def personalization_seeds(seed: int, client: int, round_index: int) -> tuple[np.random.Generator, int]:
+    """(numpy generator, torch seed) for personalizing one client's model before evaluating round ``round_index``
+    (``Algorithm.personalize``): a stream of its own, so evaluating never shifts training's draws."""
+    sequence = _sequence(seed, _PERSONALIZE, client, round_index)
+    return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
 
 
 def partition_rng(seed: int, domain_index: int) -> np.random.Generator:
