@@ -140,9 +140,9 @@ class FedMix(FedAvg):
         lam = self.cfg.opt("fedmix_lambda")
         scaled = ((1 - lam) * x).detach().requires_grad_(True)
         logits = model.classifier(model.encode(scaled))
+        if lam == 0:  # FedAvg's loss, to the bit (a mean of per-sample terms sums in another order)
+            return F.cross_entropy(logits, y), logits
         ce = F.cross_entropy(logits, y, reduction="none")
-        if lam == 0:
-            return ce.mean(), logits
         soft = -(y_bar * F.log_softmax(logits, 1)).sum(1)
         (grad,) = torch.autograd.grad((1 - lam) * ce.sum(), scaled, create_graph=True)
         taylor = (grad * x_bar).flatten(1).sum(1)
