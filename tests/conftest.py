@@ -1,4 +1,4 @@
-"""Shared fixtures: a generated dataset and a launcher for real ``mpirun`` jobs."""
+"""Shared fixtures: a generated dataset, and runs through real ``mpirun`` or in one process."""
 
 from __future__ import annotations
 
@@ -39,7 +39,15 @@ def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cw
            script: Path | None = None) -> Job:
     """Run ``mpirun -n N python -m mpifl.run ARGS`` (or ``python SCRIPT``) and capture everything."""
     program = [str(script)] if script else ["-m", "mpifl.run"]
-    cmd = [mpirun_path(), "-n", str(n), sys.executable, *program, *args]
+    return _capture([mpirun_path(), "-n", str(n), sys.executable, *program, *args], env, timeout, cwd)
+
+
+def run_in_process(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> Job:
+    """Run ``python -m mpifl.run ARGS`` without a launcher: server and one client host in one process."""
+    return _capture([sys.executable, "-m", "mpifl.run", *args], env, timeout, cwd)
+
+
+def _capture(cmd: list[str], env: dict | None, timeout: float, cwd: Path | None) -> Job:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)

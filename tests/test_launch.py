@@ -38,12 +38,12 @@ import json
 import sys
 import torch
 from mpi4py import MPI
-from mpifl.transport.mpi import node_layout
+from mpifl.transport.mpi import MpiComm
 from mpifl.client.devices import pick_device, threads_for
 
 torch.cuda.is_available = lambda: True  # pretend: two GPUs on every node
 torch.cuda.device_count = lambda: 2
-layout = node_layout()
+layout = MpiComm().node_layout()
 device = pick_device("auto", layout) if MPI.COMM_WORLD.rank else None
 with open(f"{sys.argv[1]}/rank-{MPI.COMM_WORLD.rank}.json", "w") as f:  # not stdout: ranks' lines interleave
     json.dump({"rank": MPI.COMM_WORLD.rank, "node_ranks": layout.node_ranks, "clients": layout.client_ranks,

@@ -89,16 +89,16 @@ class Uploads:
     """
 
     clients: np.ndarray
-    meta: np.ndarray  # (K, 5): samples, steps, train loss sum, correct, seen
+    meta: np.ndarray  # (K,) records of CLIENT_META: num_samples, num_steps, loss_sum, correct, seen
     tensors: dict[str, list[np.ndarray]]
 
     @property
     def num_samples(self) -> np.ndarray:
-        return self.meta[:, 0]
+        return self.meta["num_samples"]
 
     @property
     def num_steps(self) -> np.ndarray:
-        return self.meta[:, 1]
+        return self.meta["num_steps"]
 
 
 REGISTRY: dict[str, type["Algorithm"]] = {}  # --algo name -> class, filled as the method files are imported

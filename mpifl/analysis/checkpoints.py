@@ -41,7 +41,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -165,7 +164,6 @@ class Checkpointed:
     def _client_data(self) -> dict:
         """Every client's data (normalized as the run normalizes it), loaded once."""
         if not self._data:
-            from mpifl.client.normalize import channel_stats, make_normalizer
             from mpifl.client.client_data import load_client_data
             from mpifl.client.transforms import TrainTransforms, parse
 
@@ -173,19 +171,13 @@ class Checkpointed:
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
                                           stream_above_gib=cfg.stream_above,
                                           transforms=TrainTransforms(parse(cfg.train_transforms)))
-            if cfg.aug != "none":
-                channels = session.manifest.channels
-                own = {c.id: channel_stats(self._data[c.id].pixel_chunks("train" if c.trains else "test"),
-                                           channels).numpy() for c in session.clients}
-                everyone = np.stack([own[c] for c in session.training_ids.tolist()])
-                for c in session.clients:
-                    self._data[c.id].normalizer = make_normalizer(cfg.aug, own[c.id], everyone, cfg.aug_draw,
-                                                                  self.device)
-            spec = self.algo.setup_exchange()
-            if spec is not None:
-                rows = [self.algo.setup_contribution(ClientState(spec=session.clients[c], private={}), self._data[c])
-                        for c in session.training_ids.tolist()]
-                self.algo.setup_received(torch.stack([r.detach().to(spec.dtype) for r in rows]).to(self.device))
+            session.inputs.attach(session.clients, self._data, self.device)
+            for exchange in session.exchanges:  # as the run's one-time exchanges, every client here
+                spec = exchange.setup_exchange()
+                if spec is not None:
+                    rows = [exchange.setup_contribution(ClientState(spec=session.clients[c], private={}), self._data[c])
+                            for c in session.training_ids.tolist()]
+                    exchange.setup_received(torch.stack([r.detach().to(spec.dtype) for r in rows]).to(self.device))
         return self._data
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..transport.mpi import NodeLayout
+from ..transport.topology import NodeLayout
 from ..errors import MpiflError
 
 

@@ -1,10 +1,10 @@
-"""A client rank: hosts a fixed set of logical clients for the whole run (DESIGN 1-2).
+"""A client rank: hosts a fixed set of logical clients for the whole run.
 
-Each round: receive the download, evaluate every hosted client if asked
-(scalars only), train the hosted clients of the round one after the other
-in id order, and send their uploads in one gather.  Between clients only
-tensors are swapped in and out of one model instance: the download, then the
-client's private state.
+Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
+(scalars only), train the hosted clients of the round one after the other in id order, and send their
+uploads in one gather.  Between clients only tensors are swapped in and out of one model instance: the
+download, then the client's private state.  What a message asks of this rank is the round protocol's
+(:mod:`mpifl.plan.protocol`).
 """
 
 from __future__ import annotations
@@ -15,24 +15,30 @@ from pathlib import Path
 import torch
 
 from ..algorithms import ClientState
-from .normalize import EXCHANGED, channel_stats, exchange_stats, make_normalizer
-from ..transport.buffers import ReusedBuffer
-from ..job.checkpoint import Checkpoint, load_clients, save_clients
-from .client_data import load_client_data
-from ..transport.mpi import Comm
 from ..errors import MpiflError
-from ..transport.exchange import exchange_once
-from ..transport.gpu_mpi import cuda_aware, device_buffers
+from ..job.checkpoint import Checkpoint, load_clients, save_clients
 from ..job.faults import maybe_inject
-from ..transport.messages import EVAL_SPLITS, NO_EVAL, STOP, TRAIN
-from .precision import Precision
+from ..plan.protocol import RoundProtocol
 from ..plan.seeding import client_rng, client_torch_seed, personalization_seeds
 from ..plan.session import Session
+from ..transport.buffers import ReusedBuffer
+from ..transport.comm import Comm
+from ..transport.exchange import exchange_all
+from ..transport.gpu_mpi import device_buffers
+from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, record
+from .client_data import load_client_data
+from .precision import Precision
 from .training import evaluate, train_local
 from .transforms import TrainTransforms, parse
 
 
 class ClientHost:
+    """A client rank's part of a run: its hosted clients' data (on its device), their private state (the
+    algorithm's :class:`ClientState`, here for the whole run and in this rank's checkpoint files) and one
+    model instance they take turns in.  ``run()`` answers every message of the run; ``stopped`` then says
+    whether a STOP message ended it early.
+    """
+
     def __init__(self, session: Session, comm: Comm, device: torch.device, run_dir: Path,
                  resumed: Checkpoint | None = None):
         self.session, self.comm, self.device = session, comm, device
@@ -62,21 +68,20 @@ class ClientHost:
         self.stopped = False  # the server's STOP message ended the run early
         self.data_seconds = 0.0  # of this round's training, producing batches
         on_gpu = device.type == "cuda"
-        self.device_buffers = device_buffers(cfg.gpu_buffers, on_gpu, cuda_aware())
-        # on the GPU for a CUDA-aware MPI; else page-locked host memory: fast, asynchronous copies to the GPU
+        self.device_buffers = device_buffers(cfg.gpu_buffers, on_gpu, comm.cuda_aware())
+        # on the GPU for a CUDA-aware transport; else page-locked host memory: fast, asynchronous copies to the GPU
         self.down_buffer, self.up_buffer = (ReusedBuffer(pinned=on_gpu, device=device if self.device_buffers else None)
                                             for _ in range(2))
 
     def run(self) -> None:
-        if self.session.cfg.aug != "none":
-            self._set_normalizers()
-        self._setup_exchange()
-        rounds = self.session.cfg.rounds
-        start = self.resumed.round if self.resumed else 0
-        for r in range(start + 1, rounds + 2):  # rounds 1..R, then the final evaluation
-            if r <= rounds:
-                self.algo.enter_round(r)
-            messages = self.session.messages()
+        mine = self.session.trainers_by_rank[self.comm.rank - 1]
+        self.session.inputs.attach([c.spec for c in self.clients.values()], self.data, self.device)
+        exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank,
+                     lambda exchange: [exchange.setup_contribution(self.clients[c], self.data[c]) for c in mine],
+                     self.device)
+        protocol = RoundProtocol(self.session, start=self.resumed.round if self.resumed else 0)
+        for r in protocol.rounds():
+            messages = protocol.open(r)
             down = self.down_buffer.get(messages.down.nbytes)
             self.comm.bcast(down)
             header, download = messages.read_down(down)
@@ -87,30 +92,28 @@ class ClientHost:
             download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self._adopt(download)
-            sampled = [] if header.action != TRAIN else \
-                [int(c) for c in self.session.sampled(r) if int(c) in self.clients]
-            evaluated = self.hosted if header.evaluate != NO_EVAL else []
-            send = self.up_buffer.get(messages.upload_bytes(len(sampled), len(evaluated)))
-            seconds, eval_segments, client_segments = messages.segments(send, len(sampled), len(evaluated))
+            work = protocol.plan(header, messages).of(self.comm.rank)
+            send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
+            seconds, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
 
             start = time.perf_counter()
-            if evaluated:
+            if work.evaluates:
                 self.algo.begin_eval(self.model, header.evaluate)
-            for cid, segment in zip(evaluated, eval_segments):
+            for cid, segment in zip(work.evaluates, eval_segments):
                 messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download, header.evaluate)},
                                    out=segment)
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
-            for cid, segment in zip(sampled, client_segments):
+            for cid, segment in zip(work.trains, client_segments):
                 messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
             trained_at = time.perf_counter()
-            messages.seconds.pack({"rank.seconds": torch.tensor(
-                [trained_at - evaluated_at, evaluated_at - start, self.data_seconds], dtype=torch.float64)},
-                out=seconds)
+            messages.seconds.pack({"rank.seconds": record(RANK_SECONDS, train=trained_at - evaluated_at,
+                                                          evaluate=evaluated_at - start, data=self.data_seconds)},
+                                  out=seconds)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
             if self.device_buffers:
-                self._synchronize()  # MPI reads the GPU buffer only once the packing kernels are done
+                self._synchronize()  # the collective reads the GPU buffer only once the packing kernels are done
             self.comm.gatherv(send, counts)
             if header.action == STOP:
                 self.stopped = True
@@ -129,30 +132,6 @@ class ClientHost:
         """Entries sent down but not back become every hosted client's own (see Algorithm.sends_back)."""
         for client in self.clients.values():
             client.private.update({k: download[k].clone() for k in self.algo.adopted_keys})
-
-    def _set_normalizers(self) -> None:
-        """``--aug``: each client's own channel statistics (from the images it trains on, or a held-out
-        domain's test images), and for FedRDN every training client's, exchanged once."""
-        cfg = self.session.cfg
-        channels = self.session.manifest.channels
-        own = {cid: channel_stats(self.data[cid].pixel_chunks("train" if self.clients[cid].spec.trains else "test"),
-                                  channels).numpy() for cid in self.hosted}
-        everyone = None
-        if cfg.aug in EXCHANGED:
-            mine = self.session.trainers_by_rank[self.comm.rank - 1]
-            everyone = exchange_stats(self.comm, [own[c] for c in mine], self.session.trainers_by_rank,
-                                      self.session.manifest.channels)
-        for cid in self.hosted:
-            self.data[cid].normalizer = make_normalizer(cfg.aug, own[cid], everyone, cfg.aug_draw, self.device)
-
-    def _setup_exchange(self) -> None:
-        """The method's one-time exchange (``Algorithm.setup_exchange``), if it has one."""
-        spec = self.algo.setup_exchange()
-        if spec is not None:
-            mine = self.session.trainers_by_rank[self.comm.rank - 1]
-            local = [self.algo.setup_contribution(self.clients[c], self.data[c]) for c in mine]
-            everyone = exchange_once(self.comm, local, self.session.trainers_by_rank, spec, spec.name)
-            self.algo.setup_received(everyone.to(self.device))
 
     def _load(self, download: dict[str, torch.Tensor], private: dict[str, torch.Tensor]) -> None:
         """Model state = shared entries from the download + unshared entries from ``private``."""
@@ -177,8 +156,8 @@ class ClientHost:
                   [self.slots[k] for k in self.algo.private_keys])
         upload = {k: self.slots[k] for k in self.algo.uploaded_keys}
         upload.update(self.algo.end_local(client, self.model))
-        upload["client.meta"] = torch.tensor(
-            [client.spec.num_train, stats.steps, stats.loss_sum, stats.correct, stats.seen], dtype=torch.float64)
+        upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
+                                       loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen)
         return upload
 
     def _fitter(self, client: ClientState, round_index: int):

@@ -32,14 +32,16 @@ prescribes for every client.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import torch
 
-from ..transport.mpi import Comm
-from ..transport.exchange import exchange_once
 from ..transport.wire import TensorSpec
+
+if TYPE_CHECKING:
+    from ..plan.clients import ClientSpec
+    from .client_data import ClientData
 
 AUGMENTATIONS = ("none", "norm", "fedrdn", "fedrdn-v")
 DRAWS = ("batch", "sample")
@@ -116,11 +118,40 @@ def make_normalizer(aug: str, own: np.ndarray, everyone: np.ndarray | None, draw
     raise ValueError(f"no client statistics are used with --aug {aug}")
 
 
-def exchange_stats(comm: Comm, local: list[np.ndarray], trainers: list[list[int]], channels: int) -> np.ndarray:
-    """Every training client's (2, C) statistics on every rank, as (N_train, 2, C) in client-id order.
+class InputNormalization:
+    """``--aug`` on one rank: the normalizer of each client it hosts, and FedRDN's statistics as a one-time
+    exchange (the interface of :class:`~mpifl.transport.exchange.OneTimeExchange`, as a method's own).
 
-    ``local``: this rank's training clients' statistics, ascending id;
-    ``trainers[h]``: the training clients that rank h+1 hosts, ascending.
+    A client host :meth:`attach` es its clients' data: their own statistics are computed then (from the
+    training images, or a held-out domain's test images), and their normalizers are installed then, or, when
+    the statistics are exchanged, as soon as every training client's have arrived.  The server attaches
+    nothing and only takes part in the exchange.
     """
-    return exchange_once(comm, [torch.as_tensor(x) for x in local], trainers, stats_spec(channels),
-                         "FedRDN statistics").numpy()
+
+    def __init__(self, aug: str, draw: str, channels: int):
+        self.aug, self.draw, self.channels = aug, draw, channels
+        self._own: dict[int, np.ndarray] = {}  # (2, C) per attached client
+        self._data: dict[int, ClientData] = {}
+        self._device = None
+
+    def attach(self, specs: list[ClientSpec], data: dict[int, ClientData], device) -> None:
+        if self.aug == "none":
+            return  # the dataset's normalization, installed with the data
+        self._data, self._device = data, device
+        self._own = {s.id: channel_stats(data[s.id].pixel_chunks("train" if s.trains else "test"),
+                                         self.channels).numpy() for s in specs}
+        if self.setup_exchange() is None:
+            self._install(None)
+
+    def setup_exchange(self) -> TensorSpec | None:
+        return stats_spec(self.channels) if self.aug in EXCHANGED else None
+
+    def setup_contribution(self, client, data) -> torch.Tensor:
+        return torch.as_tensor(self._own[client.id])
+
+    def setup_received(self, everyone: torch.Tensor) -> None:
+        self._install(everyone.cpu().numpy())
+
+    def _install(self, everyone: np.ndarray | None) -> None:
+        for cid, own in self._own.items():
+            self._data[cid].normalizer = make_normalizer(self.aug, own, everyone, self.draw, self._device)

@@ -1,8 +1,9 @@
 """What every rank derives identically from the configuration, without talking.
 
 The dataset manifest, the logical clients, their placement on ranks, the
-seeded initial model, the algorithm and its wire layouts.  Every rank builds
-the same :class:`Session`; only the bytes of each round travel.
+seeded initial model, the algorithm and its wire layouts, the input
+normalization, and the one-time exchanges.  Every rank builds the same
+:class:`Session`; only the bytes of each round travel.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, get_algorithm
-from .clients import SPLITS, ClientSpec, make_clients
-from .config import RunConfig
+from ..client.normalize import InputNormalization
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
-from ..transport.messages import Messages
 from ..models import PretrainedLoad, build_model, load_pretrained, state_entries
+from ..transport.exchange import OneTimeExchange
+from ..transport.messages import Messages
+from .clients import SPLITS, ClientSpec, make_clients
+from .config import RunConfig
 from .placement import place_clients
 from .seeding import sample_clients, seed_model_init
 
@@ -33,6 +36,7 @@ class Session:
     placement: list[list[int]]  # client ids hosted by rank h+1
     algo: Algorithm
     initial: dict[str, torch.Tensor]  # seeded initial model state, identical on every rank
+    inputs: InputNormalization  # --aug: how clients normalize their images
     pretrained: PretrainedLoad | None = None  # what --pretrained loaded into the initial model
     _messages: dict[int, Messages] = field(default_factory=dict)
 
@@ -42,6 +46,12 @@ class Session:
         if phase not in self._messages:
             self._messages[phase] = Messages(self.algo.policy(), self.algo.evaluates)
         return self._messages[phase]
+
+    @property
+    def exchanges(self) -> list[OneTimeExchange]:
+        """The one-time exchanges before round 1, in order: input statistics (FedRDN), then the method's.
+        Normalized inputs exist once the first is done, so the method may contribute data-derived tensors."""
+        return [self.inputs, self.algo]
 
     def build_model(self) -> nn.Module:
         return _model(self.cfg, self.manifest, type(self.algo))
@@ -91,7 +101,7 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                          "--algo")
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
     return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   pretrained=pretrained)
+                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels), pretrained=pretrained)
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:

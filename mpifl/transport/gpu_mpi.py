@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import ctypes
 
-from mpi4py import MPI
-
 from ..errors import MpiflError
 
 CHOICES = ("auto", "pinned", "device")
@@ -34,6 +32,8 @@ CHOICES = ("auto", "pinned", "device")
 
 def cuda_aware() -> bool | None:
     """True / False as ``MPIX_Query_cuda_support()`` answers; None when the library does not export it."""
+    from mpi4py import MPI
+
     try:
         query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
     except (OSError, AttributeError):
@@ -47,6 +47,8 @@ def device_buffers(choice: str, on_gpu: bool, support: bool | None) -> bool:
     if choice not in CHOICES:
         raise MpiflError(f"unknown --gpu-buffers {choice!r}; choose one of: {', '.join(CHOICES)}")
     if choice == "device" and support is False:
+        from mpi4py import MPI
+
         raise MpiflError(f"--gpu-buffers device, but this MPI library is not CUDA-aware "
                          f"({MPI.Get_library_version().splitlines()[0].strip()}); use --gpu-buffers pinned, "
                          "or an MPI built with CUDA support")

@@ -18,19 +18,23 @@ no sizes travel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
-from ..algorithms import SharePolicy
 from .wire import Buffer, TensorSpec, WireLayout
+
+if TYPE_CHECKING:
+    from ..algorithms import SharePolicy
 
 TRAIN, FINAL, STOP = 1, 2, 3  # header commands: train a round / evaluate and stop / stop (a signal)
 SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of the round before
 NO_EVAL = -1
 EVAL_SPLITS = ("val", "test")
-CLIENT_META_FIELDS = ("num_samples", "num_steps", "loss_sum", "correct", "seen")
-RANK_SECONDS_FIELDS = ("train", "evaluate", "data")  # data: producing batches, within train
+# Records of named float64 fields, travelling as plain float64 vectors:
+CLIENT_META = np.dtype([(f, np.float64) for f in ("num_samples", "num_steps", "loss_sum", "correct", "seen")])
+RANK_SECONDS = np.dtype([(f, np.float64) for f in ("train", "evaluate", "data")])  # data: batches, within train
 
 _HEADER = [TensorSpec("round.command", (), torch.int64), TensorSpec("round.index", (), torch.int64),
            TensorSpec("round.evaluate", (), torch.int64)]
@@ -57,9 +61,9 @@ class Messages:
     def __init__(self, policy: SharePolicy, evaluates: tuple[str, ...]):
         self.down = WireLayout(_HEADER + policy.download)
         self.client = WireLayout(policy.upload + [
-            TensorSpec("client.meta", (len(CLIENT_META_FIELDS),), torch.float64)])
+            TensorSpec("client.meta", (len(CLIENT_META.names),), torch.float64)])
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
-        self.seconds = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS_FIELDS),), torch.float64)])
+        self.seconds = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64)])
         self.download_names = [s.name for s in policy.download]
         self.upload_names = [s.name for s in policy.upload]
         self.policy_down_bytes = sum(s.nbytes for s in policy.download)
@@ -86,3 +90,16 @@ class Messages:
             raise ValueError(f"upload of {buf.nbytes} bytes, expected {base + num_trained * c}")
         return (buf[:s], [buf[s + i * e:s + (i + 1) * e] for i in range(num_evaluated)],
                 [buf[base + i * c:base + (i + 1) * c] for i in range(num_trained)])
+
+
+def record(dtype: np.dtype, **values: float) -> torch.Tensor:
+    """One record of ``dtype`` (:data:`CLIENT_META`, :data:`RANK_SECONDS`) as the float64 vector that travels."""
+    if set(values) != set(dtype.names):
+        raise ValueError(f"record fields {sorted(values)} != {list(dtype.names)}")
+    return torch.tensor([values[name] for name in dtype.names], dtype=torch.float64)
+
+
+def records(vectors: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """The (K,) structured array of ``dtype`` whose rows are K received float64 vectors."""
+    flat = np.array(vectors, dtype=np.float64).reshape(len(vectors), len(dtype.names))
+    return flat.view(dtype).reshape(len(vectors))

@@ -1,6 +1,6 @@
-"""MPI transport: one broadcast down and one gather up, on raw byte buffers.
+"""The MPI transport: one process per rank, one broadcast down and one gather up on raw byte buffers.
 
-Two properties matter beyond moving bytes:
+Three properties matter beyond moving bytes:
 
 * **No busy waiting.**  MPICH and Open MPI spin inside blocking calls, so a
   server waiting for clients, or a client waiting for the next round, would
@@ -19,55 +19,32 @@ Two properties matter beyond moving bytes:
 
 from __future__ import annotations
 
-import os
 import socket
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from .buffers import ReusedBuffer
 from ..errors import MpiflError
+from .comm import Comm
+from .gpu_mpi import cuda_aware
+from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 INT_MAX = 2**31 - 1
 LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
 
 
-@dataclass(frozen=True)
-class NodeLayout:
-    """Where this rank sits on its node: used for GPU binding and threads."""
-
-    hostname: str
-    node_ranks: tuple[int, ...]  # world ranks on this node, ascending
-    client_ranks: tuple[int, ...]  # the node's ranks that host clients (all but 0)
-    cores: int  # cores this rank may run on
-    sharing: int  # client ranks of this node whose cores overlap this rank's (itself included)
-
-    @property
-    def client_index(self) -> int:
-        """Position of this rank among its node's client ranks (-1 for the server)."""
-        rank = MPI.COMM_WORLD.rank
-        return self.client_ranks.index(rank) if rank in self.client_ranks else -1
-
-
-class Comm:
+class MpiComm(Comm):
     """World communicator with polite waiting and large-buffer collectives."""
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, max_count: int = INT_MAX,
                  max_sleep: float = 0.002, timeout: float | None = None):
+        super().__init__(comm.rank, comm.size, timeout)
         self.comm = comm
-        self.rank = comm.rank
-        self.size = comm.size
         self.max_count = max_count
         self.max_sleep = max_sleep
-        self.timeout = timeout
-        self.seconds_waiting = 0.0  # in the polite barriers: other ranks not ready yet
-        self.cpu_seconds_waiting = 0.0  # CPU time this process spent in them: the cost of polling
-        self.seconds_moving = 0.0  # inside the collectives themselves: bytes moving
-        self._gathered = ReusedBuffer()  # rank 0's receive buffer, the same memory every round
 
     # ---------------------------------------------------------------- waiting
     def wait(self, request: MPI.Request, what: str) -> None:
@@ -90,50 +67,30 @@ class Comm:
             time.sleep(sleep)
             sleep = min(sleep * 2, max(self.max_sleep, min(LONG_WAIT_SLEEP, waited / 100)))
 
-    def arrive(self, what: str) -> None:
-        """Non-blocking barrier, waited for politely."""
-        start, cpu_start = time.perf_counter(), time.process_time()
+    def _barrier(self, what: str) -> None:
         self.wait(self.comm.Ibarrier(), what)
-        self.seconds_waiting += time.perf_counter() - start
-        self.cpu_seconds_waiting += time.process_time() - cpu_start
 
     # ------------------------------------------------------------ collectives
-    def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:
-        """Broadcast ``buf`` (uint8, same size on every rank) from rank 0, in place."""
-        self.arrive(what)
-        start = time.perf_counter()
+    def _bcast(self, buf: Buffer) -> None:
         n = buf.nbytes
         if n <= self.max_count:
             self.comm.Bcast([buf, n, MPI.BYTE], root=0)
-        else:
-            dtype = self._struct_type(n)
-            try:
-                self.comm.Bcast([buf, 1, dtype], root=0)
-            finally:
-                dtype.Free()
-        self.seconds_moving += time.perf_counter() - start
+            return
+        dtype = self._struct_type(n)
+        try:
+            self.comm.Bcast([buf, 1, dtype], root=0)
+        finally:
+            dtype.Free()
 
-    def gatherv(self, sendbuf: Buffer, counts: list[int],
-                what: str = "the clients' uploads") -> list[np.ndarray] | None:
-        """Gather each rank's bytes at rank 0; ``counts[r]`` is rank r's size.
-
-        Returns, on rank 0, one view per rank into the receive buffer
-        (segments in rank order), valid until the next gather reuses the
-        buffer; ``None`` elsewhere.
-        """
-        if sendbuf.nbytes != counts[self.rank]:
-            raise RuntimeError(f"rank {self.rank} sends {sendbuf.nbytes} bytes, expected {counts[self.rank]}")
-        self.arrive(what)
-        start = time.perf_counter()
+    def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
         block = self._gather_block(counts)
         padded = [-(-c // block) * block for c in counts]
-        displs = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
         if block > 1 and sendbuf.nbytes != padded[self.rank]:
             staged = sendbuf.new_zeros(padded[self.rank]) if isinstance(sendbuf, torch.Tensor) \
                 else np.zeros(padded[self.rank], dtype=np.uint8)
             staged[:sendbuf.nbytes] = sendbuf
             sendbuf = staged
-        recv = self._gathered.get(int(sum(padded))) if self.rank == 0 else None
+        recv, displs = self._receive_buffer(padded) if self.rank == 0 else (None, None)
         dtype = MPI.BYTE if block == 1 else MPI.BYTE.Create_contiguous(block).Commit()
         try:
             self.comm.Gatherv(
@@ -144,10 +101,21 @@ class Comm:
         finally:
             if block > 1:
                 dtype.Free()
-        self.seconds_moving += time.perf_counter() - start
         if self.rank != 0:
             return None
         return [recv[d:d + c] for d, c in zip(displs, counts)]
+
+    def bcast_object(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def gather_object(self, obj):
+        return self.comm.gather(obj, root=0)
+
+    def allgather_object(self, obj):
+        return self.comm.allgather(obj)
+
+    def cuda_aware(self) -> bool | None:
+        return cuda_aware()
 
     # ------------------------------------------------------- large-count help
     def _struct_type(self, n: int) -> MPI.Datatype:
@@ -170,30 +138,22 @@ class Comm:
             block *= 2
         return block
 
+    # -------------------------------------------------------------- topology
+    def node_layout(self) -> NodeLayout:
+        """The world ranks that share this rank's node (an MPI shared-memory split)."""
+        mine = affinity()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
+        local.Free()
+        ranks = tuple(sorted(everyone))
+        clients = tuple(r for r in ranks if r != 0)
+        sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1
+        return NodeLayout(hostname=socket.gethostname(), rank=self.rank, node_ranks=ranks, client_ranks=clients,
+                          cores=len(mine), sharing=max(1, sharing))
+
 
 def _block_size(n: int, max_count: int) -> int:
     block = 1
     while n // block > max_count:
         block *= 2
     return block
-
-
-def node_layout(comm: MPI.Comm = MPI.COMM_WORLD) -> NodeLayout:
-    """The world ranks that share this rank's node (an MPI shared-memory split)."""
-    mine = _affinity()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    everyone = dict(local.allgather((comm.rank, mine)))  # setup only: small pickled tuples
-    local.Free()
-    ranks = tuple(sorted(everyone))
-    clients = tuple(r for r in ranks if r != 0)
-    sharing = sum(1 for r in clients if everyone[r] & mine) if comm.rank != 0 else 1
-    return NodeLayout(hostname=socket.gethostname(), node_ranks=ranks, client_ranks=clients,
-                      cores=len(mine), sharing=max(1, sharing))
-
-
-def _affinity() -> frozenset[int]:
-    """Cores this process may run on (respects Slurm/cgroup/mpirun binding)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return frozenset(range(os.cpu_count() or 1))

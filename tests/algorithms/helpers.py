@@ -1,12 +1,14 @@
 """Building an algorithm the way the runtime does, on a small model, for unit tests."""
 
+import numpy as np
 import torch
 
 from mpifl.algorithms import get_algorithm
 from mpifl.plan.config import RunConfig
+from mpifl.transport.messages import CLIENT_META
 from mpifl.models import build_model, state_entries
 
-from ..conftest import launch
+from ..conftest import run_in_process
 
 
 def make_algo(name, cfg_kw=None, *, model="smallcnn", **options):
@@ -16,6 +18,14 @@ def make_algo(name, cfg_kw=None, *, model="smallcnn", **options):
                     algo_options={**{o.name: o.default for o in cls.options}, **options})
     net = build_model(model, num_classes=10, norm=cls.norm, conv=cls.conv)
     return cls(cfg, state_entries(net)), net
+
+
+def client_meta(samples, steps=1):
+    """The ``Uploads.meta`` records of clients with these training sample counts and local steps."""
+    meta = np.zeros(len(samples), dtype=CLIENT_META)
+    meta["num_samples"] = meta["seen"] = samples
+    meta["num_steps"] = steps
+    return meta
 
 
 def gradients_after_shift(algo, model, shift=1.0):
@@ -51,8 +61,8 @@ def local_round(algo, model, client, download, loss_fn, steps):
 
 
 def run_two_rounds(data_root, run, algo):
-    """A real ``mpirun -n 3`` of two rounds, 10 clients at fraction 0.5 (partial participation), into ``run``."""
-    job = launch(3, "--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,
+    """A real run of two rounds in one process, 10 clients at fraction 0.5 (partial participation), into ``run``."""
+    job = run_in_process("--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,
                  "--rounds", "2", "--fraction", "0.5", "--clients-per-domain", "2", "--threads", "1",
                  "--lr", "0.05", "--momentum", "0.9")
     assert job.returncode == 0, job.stderr

@@ -6,7 +6,7 @@ from mpifl.algorithms import ALGORITHMS, Uploads, get_algorithm, weighted_mean
 from mpifl.algorithms.base import SUM_BLOCK, weighted_sum
 from mpifl.errors import MpiflError
 
-from .helpers import gradients_after_shift, make_algo
+from .helpers import client_meta, gradients_after_shift, make_algo
 
 
 _algo = make_algo
@@ -55,7 +55,7 @@ def test_singleset_shares_nothing():
 
 def _uploads(values, samples):
     return Uploads(clients=np.arange(len(samples)),
-                   meta=np.array([[n, 1, 0, 0, n] for n in samples], dtype=np.float64),
+                   meta=client_meta(samples),
                    tensors=values)
 
 

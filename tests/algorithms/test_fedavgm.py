@@ -7,12 +7,12 @@ from mpifl.algorithms import Uploads
 from mpifl.algorithms.fedavgm import MOMENTUM
 
 from ..conftest import read_metrics
-from .helpers import make_algo, run_two_rounds
+from .helpers import client_meta, make_algo, run_two_rounds
 
 
 def _uploads(per_client, samples):
     return Uploads(clients=np.arange(len(samples)),
-                   meta=np.array([[n, 4, 0, 0, n] for n in samples], dtype=np.float64),
+                   meta=client_meta(samples, steps=4),
                    tensors={k: [u[k] for u in per_client] for k in per_client[0]})
 
 

@@ -12,7 +12,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics
-from .helpers import local_round, make_algo, run_two_rounds
+from .helpers import client_meta, local_round, make_algo, run_two_rounds
 
 
 def _spec(cid, n=64):
@@ -97,7 +97,7 @@ def test_server_rule_by_hand():
                if k in algo.uploaded_keys},
             **{p + k: rng.normal(size=server.model[k].shape).astype(np.float32)
                for k in algo.params for p in (THETA_PLUS_DRIFT, UPDATE)}} for _ in range(2)]
-    algo.aggregate(server, Uploads(clients=np.array([0, 2]), meta=np.array([[10, 3, 0, 0, 10], [30, 3, 0, 0, 30.]]),
+    algo.aggregate(server, Uploads(clients=np.array([0, 2]), meta=client_meta([10, 30], steps=3),
                                    tensors={k: [u[k] for u in ups] for k in ups[0]}))
     for k in algo.params:
         np.testing.assert_allclose(server.model[k].numpy(),
@@ -125,7 +125,7 @@ def test_unsampled_clients_keep_their_drift():
         before = [{k: v.clone() for k, v in c.private.items()} for c in clients]
         download = _download(algo, server)
         ups = [local_round(algo, model, clients[i], download, quadratic, 2) for i in sampled]
-        meta = np.array([[64, 2, 0, 0, 64]] * len(sampled), dtype=np.float64)
+        meta = client_meta([64] * len(sampled), steps=2)
         algo.aggregate(server, Uploads(clients=np.array(sampled), meta=meta,
                                        tensors={k: [u[k] for u in ups] for k in ups[0]}))
         for i in set(range(3)) - set(sampled):

@@ -11,7 +11,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.errors import MpiflError
 from mpifl.models import state_entries
 
-from .helpers import make_algo
+from .helpers import client_meta, make_algo
 
 
 def _spec(cid, n=64):
@@ -25,7 +25,7 @@ def _feddyn(cfg_kw=None, n_clients=5, **options):
 
 
 def _uploads(per_client, clients, samples):
-    return Uploads(clients=np.array(clients), meta=np.array([[n, 3, 0, 0, n] for n in samples], dtype=np.float64),
+    return Uploads(clients=np.array(clients), meta=client_meta(samples, steps=3),
                    tensors={k: [u[k] for u in per_client] for k in per_client[0]})
 
 

@@ -11,7 +11,7 @@ from mpifl.algorithms.fednn import aggregate_choice, fednn_tau
 from mpifl.errors import MpiflError
 from mpifl.models import AdaptiveGroupNorm, WNConv2d
 
-from .helpers import gradients_after_shift, make_algo
+from .helpers import client_meta, gradients_after_shift, make_algo
 
 
 _algo = partial(make_algo, "fednn")
@@ -81,7 +81,7 @@ def test_aggregate_averages_everything_and_applies_the_choice_rule():
             tensors[k] = [np.array(1, np.int64), np.array(1 if k == "norm1.choice" else -1, np.int64)]
         else:
             tensors[k] = [np.full(v.shape, 1.0, np.float32), np.full(v.shape, 5.0, np.float32)]
-    meta = np.array([[10, 1, 0, 0, 10], [30, 1, 0, 0, 30]], dtype=np.float64)
+    meta = client_meta([10, 30])
     algo.aggregate(server, Uploads(clients=np.arange(2), meta=meta, tensors=tensors))
     for k, v in server.model.items():
         if k in algo.choice_keys:

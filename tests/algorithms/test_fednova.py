@@ -12,13 +12,13 @@ from mpifl.plan.seeding import client_rng
 from mpifl.plan.session import make_session, read_labels
 from mpifl.client.training import train_local
 
-from ..conftest import launch, read_metrics
-from .helpers import make_algo
+from ..conftest import read_metrics, run_in_process
+from .helpers import client_meta, make_algo
 
 
 def _uploads(per_client, samples, steps):
     return Uploads(clients=np.arange(len(samples)),
-                   meta=np.array([[n, s, 0, 0, n] for n, s in zip(samples, steps)], dtype=np.float64),
+                   meta=client_meta(samples, steps),
                    tensors={k: [u[k] for u in per_client] for k in per_client[0]})
 
 
@@ -108,7 +108,7 @@ def _args(data_root, out, algo, rounds):
             "--threads", "1"]
 
 
-def test_over_mpi_fednova_differs_from_fedavg_when_steps_differ(data_root, tmp_path):
+def test_in_a_real_run_fednova_differs_from_fedavg_when_steps_differ(data_root, tmp_path):
     cfg = RunConfig(data_root=str(data_root), model="smallcnn", clients_per_domain=2, dirichlet=0.5, fraction=0.5,
                     algo="fednova", algo_options={"uniform_weights": False})
     manifest = ensure_dataset(data_root, "styledigits")
@@ -117,7 +117,7 @@ def test_over_mpi_fednova_differs_from_fedavg_when_steps_differ(data_root, tmp_p
     assert len(steps) > 1, steps  # the round's clients take different numbers of local steps
     records = {}
     for algo, rounds in (("fednova", "2"), ("fedavg", "1")):  # FedAvg: round 1 is enough to compare
-        job = launch(3, *_args(data_root, tmp_path / algo, algo, rounds))
+        job = run_in_process(*_args(data_root, tmp_path / algo, algo, rounds))
         assert job.returncode == 0, job.stderr
         records[algo] = read_metrics(tmp_path / algo)
     nova, avg = records["fednova"], records["fedavg"]

@@ -10,7 +10,7 @@ from mpifl.models.jsbn import JSBatchNorm2d
 from mpifl.plan.clients import ClientSpec
 from mpifl.models import james_stein, state_entries
 
-from .helpers import make_algo
+from .helpers import client_meta, make_algo
 
 
 _algo = partial(make_algo, "fedstein")
@@ -49,7 +49,7 @@ def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_th
         server = algo.init_server(model.state_dict())
         tensors = _client_uploads(server, 3, seed=4)
         samples = [10, 30, 60]
-        meta = np.array([[n, 1, 0, 0, n] for n in samples], dtype=np.float64)
+        meta = client_meta(samples)
         algo.aggregate(server, Uploads(clients=np.arange(3), meta=meta, tensors=tensors))
         weights = np.ones(3) if uniform else np.array(samples, dtype=np.float64)
         shrunk = 0
@@ -75,7 +75,7 @@ def test_running_stats_equal_to_a_plain_mean_only_where_js_leaves_them():
     key = "norm2.running_mean"
     tensors = {k: [v.numpy().copy(), v.numpy().copy()] for k, v in server.model.items()}
     tensors[key] = [np.full(32, 2.0, np.float32), np.full(32, 4.0, np.float32)]  # zero spread: factor 1
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=np.array([[1, 1, 0, 0, 1.0]] * 2), tensors=tensors))
+    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors=tensors))
     torch.testing.assert_close(server.model[key], torch.full((32,), 3.0))
     torch.testing.assert_close(server.model["norm2.running_var"], torch.ones(32))  # initial ones: no spread either
 

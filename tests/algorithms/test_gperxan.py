@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads
 
-from .helpers import make_algo
+from .helpers import client_meta, make_algo
 
 
 def _algo(holdout=None, lam=0.5):
@@ -42,7 +42,7 @@ def test_server_averages_uploaded_bn_sides_into_the_global_copy():
     names = [s.name for s in algo.policy().upload]
     tensors = {n: [np.full(algo.policy().upload[i].shape, v, np.float32) for v in (1.0, 4.0)]
                for i, n in enumerate(names)}
-    uploads = Uploads(clients=np.arange(2), meta=np.array([[1, 1, 0, 0, 1], [2, 1, 0, 0, 2]], np.float64),
+    uploads = Uploads(clients=np.arange(2), meta=client_meta([1, 2]),
                       tensors=tensors)
     algo.aggregate(server, uploads)
     down = algo.download(server)

@@ -9,13 +9,13 @@ from mpifl.algorithms.lg_fedavg import layer_modules
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
-from .helpers import make_algo, run_two_rounds
+from .helpers import client_meta, make_algo, run_two_rounds
 
 SMALLCNN_LAYERS = ["conv1", "norm1", "conv2", "norm2", "conv3", "norm3", "classifier"]
 
 
 def _uploads(tensors, samples):
-    return Uploads(clients=np.arange(len(samples)), meta=np.array([[n, 1, 0, 0, n] for n in samples], np.float64),
+    return Uploads(clients=np.arange(len(samples)), meta=client_meta(samples),
                    tensors=tensors)
 
 

@@ -11,7 +11,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics
-from .helpers import local_round, make_algo, run_two_rounds
+from .helpers import client_meta, local_round, make_algo, run_two_rounds
 
 
 def _spec(cid, n=64):
@@ -25,7 +25,7 @@ def _scaffold(cfg_kw=None, n_clients=5, **options):
 
 
 def _uploads(per_client, clients, samples, steps):
-    return Uploads(clients=np.array(clients), meta=np.array([[n, s, 0, 0, n] for n, s in zip(samples, steps)], float),
+    return Uploads(clients=np.array(clients), meta=client_meta(samples, steps),
                    tensors={name: [u[name] for u in per_client] for name in per_client[0]})
 
 

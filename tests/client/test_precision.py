@@ -70,5 +70,8 @@ def test_compile_option_compiles_the_feature_extractor_of_every_client_rank(monk
     class Comm:
         rank = 1
 
+        def cuda_aware(self):
+            return None
+
     host = host_module.ClientHost(Session(), Comm(), torch.device("cpu"), run_dir=None)
     assert compiled and compiled[0].__name__ == "encode" and host.model.encode is compiled[0]

@@ -12,7 +12,7 @@ from mpifl.job.checkpoint import Checkpoint, commit, identity, load, load_client
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.errors import MpiflError
 
-from ..conftest import launch, read_metrics
+from ..conftest import launch, read_metrics, run_in_process
 
 ALGO = "fedbn"  # private BN layers: the client ranks' state must survive the restart too
 
@@ -82,20 +82,20 @@ def test_a_crash_after_a_checkpoint_leaves_it_intact_and_resumable(data_root, tm
 ])
 def test_resume_refuses_to_change_what_the_run_computes(tmp_path, extra, pattern):
     (tmp_path / "config.json").write_text(json.dumps({"algo": "fedavg"}))
-    job = launch(2, "--resume", str(tmp_path), *extra, timeout=60)
+    job = run_in_process("--resume", str(tmp_path), *extra, timeout=60)
     assert job.returncode == 2 and pattern in job.stderr and len(job.stderr.strip().splitlines()) == 1
 
 
 def test_resume_without_a_checkpoint_or_past_its_rounds_is_refused(data_root, tmp_path):
     run = tmp_path / "run"
-    assert launch(3, *_args(data_root, run, "--rounds", "1"), timeout=120).returncode == 0
-    job = launch(3, "--resume", str(run), "--rounds", "2", timeout=60)
+    assert run_in_process(*_args(data_root, run, "--rounds", "1"), timeout=120).returncode == 0
+    job = run_in_process("--resume", str(run), "--rounds", "2", timeout=60)
     assert job.returncode == 2 and "no checkpoint in" in job.stderr
     (run / "checkpoint").mkdir()
     flat = json.loads((run / "config.json").read_text())
     cfg = resolve(flat, {}, {o.name: o for o in get_algorithm(flat["algo"]).options})
     commit(run, Checkpoint(round=1, clients=5, ranks={}, pending=None, identity=identity(cfg)))
-    job = launch(3, "--resume", str(run), "--rounds", "1", timeout=60)
+    job = run_in_process("--resume", str(run), "--rounds", "1", timeout=60)
     assert job.returncode == 2 and "pass --rounds above 1" in job.stderr
 
 

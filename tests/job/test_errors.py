@@ -8,7 +8,7 @@ import pytest
 
 from mpifl.transport.gpu_mpi import cuda_aware
 
-from ..conftest import launch
+from ..conftest import launch, run_in_process
 
 
 def _args(data_root, out, *extra):
@@ -43,10 +43,20 @@ def test_gpu_buffers_on_an_mpi_without_cuda_support_are_refused(data_root, tmp_p
     _one_error_line(job, "not CUDA-aware")
 
 
-def test_fewer_than_two_ranks(data_root, tmp_path):
-    job = launch(1, *_args(data_root, tmp_path / "r"), timeout=60)
+def test_one_mpi_rank_runs_the_server_and_a_client_host_in_process(data_root, tmp_path):
+    job = launch(1, *_args(data_root, tmp_path / "r", "--rounds", "1"), timeout=120)
+    assert job.returncode == 0, job.stderr
+    assert "1 client ranks (in-process)" in (tmp_path / "r" / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("flag,value,pattern", [
+    ("--lr", "-1", "--lr must be > 0"),
+    ("--data", "mnist-x", "mnist-x"),  # found during set-up, by both threads
+])
+def test_bad_input_in_process_fails_once(data_root, tmp_path, flag, value, pattern):
+    job = run_in_process(*_args(data_root, tmp_path / "r", flag, value), timeout=60)
     assert job.returncode == 2
-    _one_error_line(job, "at least 2 MPI ranks")
+    _one_error_line(job, pattern)
 
 
 def _copy_data(data_root, tmp_path):

@@ -12,7 +12,8 @@ from mpifl.data.benchmarks import BENCHMARKS
 from mpifl.errors import MpiflError
 from mpifl.models import MODEL_NAMES
 from mpifl.presets import all_presets, apply_preset, load_preset, preset_names
-from mpifl.run import _build_config, main
+from mpifl.job.cli import build_config
+from mpifl.run import main
 
 #: each converter's domain ids (the shard names a preset's paper numbers must use)
 DOMAINS = {
@@ -112,7 +113,7 @@ def test_precedence_defaults_preset_config_file_command_line(tmp_path):
     ctx = main.make_context("mpifl.run", ["--preset", "fedwon-t1-office", "--algo", "fedwon", "--config",
                                           str(tmp_path / "exp.yaml"), "--lr", "0.3"])
     params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, warnings = _build_config(ctx, ctx.params["config_file"], params)
+    cfg, warnings = build_config(ctx, ctx.params["config_file"], params)
     assert (cfg.rounds, cfg.lr, cfg.batch_size, cfg.data, cfg.model) == (7, 0.3, 32, "office_caltech",
                                                                           "alexnet-dropout")
     assert cfg.preset == "fedwon-t1-office" and cfg.opt("uniform_weights") is True and not warnings
@@ -122,7 +123,7 @@ def test_precedence_defaults_preset_config_file_command_line(tmp_path):
 def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
     ctx = main.make_context("mpifl.run", ["--preset", "gperxan-t2-pacs", "--algo", "scaffold"])
     params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, warnings = _build_config(ctx, None, params)
+    cfg, warnings = build_config(ctx, None, params)
     assert cfg.holdout == "all" and cfg.lr == 0.002
     assert warnings == ["--preset gperxan-t2-pacs has no paper numbers for --algo scaffold (it has: fedavg, "
                         "mixstyle, rsc, gperxan); running with the preset's settings anyway"]

@@ -8,10 +8,10 @@ SCRIPT = r'''
 import numpy as np
 import torch
 from mpi4py import MPI
-from mpifl.transport.mpi import Comm, node_layout
+from mpifl.transport.mpi import MpiComm
 
 def check(max_count, as_buffer):
-    comm = Comm(MPI.COMM_WORLD, max_count=max_count)
+    comm = MpiComm(MPI.COMM_WORLD, max_count=max_count)
     n = 10_007
     buf = np.arange(n, dtype=np.uint64).astype(np.uint8) if comm.rank == 0 else np.zeros(n, np.uint8)
     buf = as_buffer(buf)
@@ -27,7 +27,7 @@ def check(max_count, as_buffer):
 
 for as_buffer in (np.asarray, torch.from_numpy):  # numpy arrays, and tensors as GPU buffers would be
     assert check(2**31 - 1, as_buffer) and check(1000, as_buffer) and check(7, as_buffer)
-layout = node_layout()
+layout = MpiComm().node_layout()
 assert layout.node_ranks == tuple(range(MPI.COMM_WORLD.size))
 assert layout.client_ranks == tuple(range(1, MPI.COMM_WORLD.size))
 done = MPI.COMM_WORLD.allreduce(1)

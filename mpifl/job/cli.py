@@ -1,0 +1,200 @@
+"""The command line of ``python -m mpifl.run``: its options (core ones, and every method's own), how they
+merge with ``--config``, ``--preset`` and ``--resume`` into one :class:`RunConfig`, and ``--show-manifest``.
+
+What a parsed command then does on every rank is :mod:`mpifl.job.start`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from .. import __version__
+from ..algorithms import ALGORITHMS, all_options, get_algorithm
+from ..data import KNOWN_DATASETS, default_data_root, default_model, ensure_dataset
+from ..errors import MpiflError
+from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
+from ..plan.config import Option, RunConfig, check, read_config_file, resolve
+from ..plan.session import make_session, read_labels
+from ..presets import apply_preset, describe_presets
+from ..transport.manifest import format_manifest
+
+_HELP = {
+    "algo": "federated method: " + "; ".join(f"{n} = {c.summary.split(': ', 1)[-1]}" for n, c in ALGORITHMS.items()),
+    "preset": "one experiment of the papers (--list-presets): its dataset, model and hyperparameters, at the "
+              "level of a config file (--config and flags override it); --algo picks the method",
+    "data": "dataset name (shards under --data-root); styledigits is generated on first use, "
+            "others: " + ", ".join(k for k in KNOWN_DATASETS if k != "styledigits"),
+    "data_root": "directory holding <data>/<domain>.h5 shards (env MPIFL_DATA_ROOT)",
+    "model": "network (auto: the dataset's usual one, digitmodel for styledigits/digits, resnet18 for "
+             "PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): "
+             + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items()),
+    "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
+                  "of another size is skipped; PerXAN models take BN weights on their BN side",
+    "rounds": "communication rounds",
+    "local_epochs": "local epochs per round (E)",
+    "batch_size": "local mini-batch size (B)",
+    "lr": "local SGD learning rate",
+    "momentum": "local SGD momentum (optimizer state is fresh each round)",
+    "weight_decay": "local SGD weight decay",
+    "clients_per_domain": "clients per domain (K): 1 = cross-silo; K > 1 splits each domain into K clients",
+    "num_clients": "total clients N dealt over the domains in turn (FedWon's sweep; label skew with --dirichlet); "
+                   "0 = clients-per-domain x domains",
+    "dirichlet": "split each domain among its clients by class proportions drawn from Dir(ALPHA) (label skew); "
+                 "0 = even random split",
+    "samples_per_client": "keep a seeded subset of S training images per client (equal-size training sets); 0 = all",
+    "percent": "keep a seeded fraction P of each client's training images (FedBN's --percent; its 10 Digits-Five "
+               "partitions of 743 images: --percent 0.1 is about one, --samples-per-client 743 exactly one)",
+    "fraction": "fraction C of clients sampled per round (at least one), seeded",
+    "holdout": "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images with the global "
+               "model; 'all' runs every fold in turn",
+    "aug": "input normalization plug-in for any algorithm: none (dataset normalization), norm (each client's own "
+           "channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in training, own at test), "
+           "fedrdn-v (all clients' average)",
+    "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
+                "sample (one client's pair per image, the paper's eq. 7)",
+    "train_transforms": "training augmentations, in batch on the device: comma list of flip, crop (pad size/8, "
+                        "reflect), jitter (brightness/contrast/saturation 0.4), or none",
+    "seed": "seed of everything random; results do not depend on the number of ranks",
+    "eval_every": "evaluate every N rounds (and after the last)",
+    "eval_batch_size": "batch size for evaluation",
+    "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
+                    "block ahead, instead of keeping them in (device) memory",
+    "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>)",
+    "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
+    "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
+    "precision": "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast (weights, gradients "
+                 "and aggregation stay fp32; fp16 scales the loss)",
+    "channels_last": "store conv weights and images NHWC (faster with tensor cores)",
+    "compile": "torch.compile each client rank's feature extractor (minutes of compiling once per rank; pays off "
+               "on GPUs over long runs)",
+    "gpu_buffers": "where a GPU rank's messages live: auto (on the GPU when the MPI library is CUDA-aware, else "
+                   "pinned host memory), pinned, or device (for a CUDA-aware MPI that cannot say so)",
+    "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1 or "
+                  "SIGTERM stops the run, which always checkpoints)",
+    "round_timeout": "fail the job when a rank has not answered for this many seconds (a hang); must exceed the "
+                     "longest round; 0 = wait forever",
+}
+
+# Options a resumed run may change: how it runs, not what it computes.
+RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "ckpt_every",
+             "round_timeout", "gpu_buffers")
+
+
+def _core_options() -> list[click.Option]:
+    defaults = RunConfig()
+    options = []
+    for name, text in _HELP.items():
+        default = getattr(defaults, name)
+        if name == "data_root":
+            default = str(default_data_root())
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            options.append(click.Option([flag], is_flag=True, default=default, help=text))
+            continue
+        kind = {int: int, float: float}.get(type(default), str)
+        options.append(click.Option([flag], type=kind, default=default, show_default=default is not None, help=text))
+    return options
+
+
+def _algo_options() -> list[click.Option]:
+    options = []
+    for opt in all_options().values():
+        defaults = {n: o.default for n, c in ALGORITHMS.items() for o in c.options if o.name == opt.name}
+        if len(set(map(repr, defaults.values()))) == 1:
+            text = f"{opt.help} [{', '.join(defaults)}; default {opt.default}]"
+        else:
+            text = f"{opt.help} [default {', '.join(f'{n} {d}' for n, d in defaults.items())}]"
+        if opt.type is bool:
+            options.append(click.Option([opt.flag], is_flag=True, default=None, help=text))
+        else:
+            options.append(click.Option([opt.flag], type=opt.type, default=None, help=text))
+    return options
+
+
+def _explicit(ctx: click.Context, values: dict) -> dict:
+    """Only the options the user typed: defaults must not override --config."""
+    return {k: v for k, v in values.items()
+            if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None) and v is not None}
+
+
+def build_config(ctx: click.Context, config_file: str | None, values: dict,
+                  resume: str | None = None) -> tuple[RunConfig, list[str]]:
+    cli_values = _explicit(ctx, values)
+    if resume:
+        config_file = _resumed_config(resume, config_file, cli_values)
+    file_values = read_config_file(config_file) if config_file else {}
+    algo_name = cli_values.get("algo", file_values.get("algo", RunConfig.algo))
+    file_values, preset_warnings = apply_preset(cli_values.get("preset", file_values.get("preset")), algo_name,
+                                                file_values)
+    algo_cls = get_algorithm(algo_name)
+    declared = {o.name: o for o in algo_cls.options}
+    foreign = sorted(k for k in {**file_values, **cli_values} if k in all_options() and k not in declared)
+    merged_file = {k: v for k, v in file_values.items() if k not in foreign}
+    merged_cli = {k: v for k, v in cli_values.items() if k not in foreign}
+    cfg = resolve(merged_file, merged_cli, declared)
+    if "data_root" not in merged_cli and "data_root" not in merged_file:
+        cfg.data_root = str(default_data_root())
+    check(cfg)
+    if cfg.model == "auto":
+        cfg.model = default_model(cfg.data)
+    if cfg.model not in MODEL_NAMES:
+        raise MpiflError(f"unknown model '{cfg.model}'; choose one of: {', '.join(MODEL_NAMES)}")
+    warnings = preset_warnings + [f"{Option(k, object, None, '').flag} has no effect with --algo {cfg.algo}"
+                                  for k in foreign]
+    return cfg, warnings
+
+
+def _resumed_config(run_dir: str, config_file: str | None, cli_values: dict) -> Path:
+    """``--resume RUN_DIR``: the run's own config.json, which only :data:`RESUMABLE` options may change."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise MpiflError(f"--resume {run_dir}: no config.json there; pass the run directory of an earlier run")
+    changed = sorted(k for k in cli_values if k not in RESUMABLE)
+    if config_file or changed:
+        what = ", ".join(["--config"] * bool(config_file) + [Option(k, object, None, "").flag for k in changed])
+        raise MpiflError(f"--resume continues a run with its own configuration; drop {what} (only "
+                         f"{', '.join(Option(k, object, None, '').flag for k in RESUMABLE)} may change)")
+    cli_values["out"] = str(run_dir)
+    return path
+
+
+def manifest_text(cfg: RunConfig) -> str:
+    """``--show-manifest``: the clients, and every tensor that crosses the wire, one-time exchanges included."""
+    manifest = ensure_dataset(cfg.data_root, cfg.data)
+    session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
+    domains = session.manifest.domains
+    setup = [spec for spec in (e.setup_exchange() for e in session.exchanges) if spec is not None]
+    return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
+            + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
+                              len(session.training_ids)))
+
+
+def command() -> click.Command:
+    params = _core_options() + _algo_options() + [
+        click.Option(["--config", "config_file"], type=str, default=None,
+                     help="JSON or YAML file of options (keys as above, - or _); command-line flags override it"),
+        click.Option(["--resume", "resume"], type=str, default=None,
+                     help="continue RUN_DIR from its checkpoint, in that directory, up to --rounds"),
+        click.Option(["--show-manifest"], is_flag=True, default=False,
+                     help="print every tensor sent each way with shape, dtype and bytes per round, then exit"),
+        click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,
+                     callback=lambda ctx, _, v: v and (click.echo(f"mpifl {__version__}") or ctx.exit()),
+                     help="print the version and exit"),
+        click.Option(["--list-presets"], is_flag=True, expose_value=False, is_eager=True,
+                     callback=lambda ctx, _, v: v and (click.echo(describe_presets()) or ctx.exit()),
+                     help="list the experiment presets (--preset): source table, dataset, settings, methods; exit"),
+    ]
+    return click.Command("mpifl.run", params=params, callback=_main,
+                         help="One federated run over MPI: rank 0 is the server, ranks 1.. host the clients. "
+                              "Launch with e.g. `mpirun -n 3 python -m mpifl.run --algo fedavg`.",
+                         context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+
+
+@click.pass_context
+def _main(ctx: click.Context, config_file: str | None, show_manifest: bool, resume: str | None, **values) -> None:
+    from .start import start  # the runtime, imported once the command line is known to be sound
+
+    start(lambda: build_config(ctx, config_file, values, resume), show_manifest, resume)

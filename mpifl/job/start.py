@@ -1,0 +1,188 @@
+"""What every rank does with a parsed command: set up together, run its role, end.
+
+Over MPI (``mpirun -n R``, ``srun``) each rank is a process; started without a launcher, the server and
+one client host are two threads of this process (:mod:`mpifl.transport.inprocess`).  Either way:
+
+1. every rank resolves the same configuration (a bad option: rank 0 says so once, every rank exits 2);
+2. set-up steps run on every rank, collectively (:func:`collectively`): rank 0 makes the run directory
+   and reads what a Dirichlet split needs, every rank builds the same session, each client rank loads
+   its clients' data; a failure anywhere is printed once by rank 0 and every rank exits;
+3. rank 0 serves (:func:`mpifl.server.serve.serve`), the others host clients
+   (:class:`mpifl.client.host.ClientHost`); a failure while training ends the whole job through
+   :func:`mpifl.job.abort.abort_job` from the failing rank, after that rank printed its one line
+   (the traceback of a bug goes to ``<run>/traceback-rank<k>.txt``);
+4. a stop signal (SIGTERM, SIGUSR1) ends the run at the next round with a checkpoint and exit code 75.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
+
+from ..client.devices import pick_device, threads_for
+from ..client.host import ClientHost
+from ..data import ensure_dataset
+from ..errors import MpiflError
+from ..plan.config import RunConfig
+from ..plan.session import make_session, read_labels
+from ..server.run_log import fold_summary
+from ..server.serve import serve
+from ..transport.comm import Comm
+from ..transport.inprocess import run_threads
+from .abort import abort_job
+from .checkpoint import load as load_checkpoint
+from .run_dir import default_run_dir, make_run_dir, resume_run_dir
+from .signals import EXIT_STOPPED, StopRequest
+from .world import launched_world
+
+T = TypeVar("T")
+STOP = StopRequest()  # SIGUSR1/SIGTERM seen by this process (acted upon by rank 0 between rounds)
+IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host
+
+
+def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool, resume: str | None) -> None:
+    """Run the command on this process's rank (or, without a launcher, on every rank, as threads)."""
+    STOP.install()  # first thing: a stop signal during start-up must not kill a rank
+    rank, size = launched_world()
+    try:
+        cfg, warnings = build()
+        if resume and cfg.holdout == "all":
+            raise MpiflError("--resume takes one fold's run directory (<out>/holdout-<domain>), not --holdout all's")
+        if rank == 0:
+            for warning in warnings:
+                _err(f"mpifl: warning: {warning}")
+            if show_manifest:
+                from .cli import manifest_text
+                print(manifest_text(cfg))
+    except MpiflError as exc:  # every rank sees the same configuration: rank 0 speaks for all
+        if rank == 0:
+            _err(f"mpifl: error: {exc}")
+        sys.exit(exc.exit_code)
+    if show_manifest:
+        return
+    if size > 1:
+        from ..transport.mpi import MpiComm
+        run_rank(cfg, MpiComm(), resume is not None)
+    else:
+        run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, resume is not None))
+
+
+def run_rank(cfg: RunConfig, comm: Comm, resume: bool) -> None:
+    """One rank's whole job: every fold of ``--holdout all``, or the one run."""
+    # the server gives up first, so a hung client is named once by it; a hung server is found by
+    # client rank 1, whose abort ends the job well before rank 2's clock (3 s later) runs out
+    comm.timeout = cfg.round_timeout + 3 * comm.rank if cfg.round_timeout else None
+    if cfg.holdout == "all":
+        _run_all_folds(cfg, comm)
+    else:
+        _run(cfg, comm, resume=resume)
+
+
+def _run_all_folds(cfg: RunConfig, comm: Comm) -> None:
+    """``--holdout all``: one leave-one-domain-out run per domain, in <out>/holdout-<domain>, then a fold table."""
+    base = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    manifest = collectively(comm, lambda: None, lambda: ensure_dataset(cfg.data_root, cfg.data)
+                            if comm.rank == 0 else None)
+    domains = comm.bcast_object(manifest.domains if comm.rank == 0 else None)
+    for domain in domains:
+        _run(dataclasses.replace(cfg, holdout=domain, out=str(base / f"holdout-{domain}")), comm)
+    if comm.rank == 0:
+        table = fold_summary({d: base / f"holdout-{d}" for d in domains})
+        (base / "summary.md").write_text(table)
+        print(table)
+
+
+def _run(cfg: RunConfig, comm: Comm, resume: bool = False) -> None:
+    run_dir: Path | None = Path(cfg.out) if resume else None
+
+    def setup_dataset():
+        nonlocal run_dir
+        if comm.rank == 0:
+            run_dir = resume_run_dir(cfg) if resume else make_run_dir(cfg)
+            return read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
+        return None
+
+    labels = collectively(comm, lambda: run_dir, setup_dataset)
+    # the run directory, and the labels a Dirichlet split needs
+    run_dir, labels = comm.bcast_object((str(run_dir) if run_dir else None, labels))
+    run_dir = Path(run_dir)
+    layout = comm.node_layout()
+
+    def setup_ranks():
+        session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=comm.size - 1,
+                               labels=labels)
+        resumed = load_checkpoint(run_dir, cfg, len(session.clients)) if resume else None
+        if resumed and resumed.round >= cfg.rounds:
+            raise MpiflError(f"{run_dir} is checkpointed after round {resumed.round}; pass --rounds above "
+                             f"{resumed.round} to continue it")
+        if comm.rank == 0:
+            torch.set_num_threads(1)
+            return session, None, resumed
+        torch.set_num_threads(threads_for(layout, cfg.threads))
+        return session, ClientHost(session, comm, pick_device(cfg.device, layout), run_dir, resumed), resumed
+
+    session, host, resumed = collectively(comm, lambda: run_dir, setup_ranks)
+    # where each rank runs, so the log maps a launcher's "PID ... EXIT CODE: 9" to a rank
+    where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
+    processes = comm.gather_object(f"{where} on {socket.gethostname()}, {torch.get_num_threads()} threads"
+                                   + (f", {host.placement_note()}" if host else ""))
+    try:
+        if comm.rank == 0:
+            stopped_by = serve(cfg, comm, session, run_dir, resumed, STOP, processes)
+        else:
+            host.run()
+            stopped_by = host.stopped
+    except MpiflError as exc:
+        abort_job(f"mpifl: error: {exc}", exc.exit_code)
+    except Exception as exc:  # a bug: one line here, the traceback in the run directory
+        abort_job(_crash_line(comm.rank, exc, run_dir), 1)
+    if stopped_by:
+        sys.exit(EXIT_STOPPED)
+
+
+def collectively(comm: Comm, run_dir: Callable[[], Path | None], step: Callable[[], T]) -> T:
+    """Run a set-up step on every rank; if any rank failed, rank 0 prints the first failure once and all exit."""
+    error = None
+    result = None
+    with comm.in_turn():
+        try:
+            result = step()
+        except MpiflError as exc:
+            error = (str(exc), exc.exit_code)
+        except Exception as exc:
+            error = (_crash_line(comm.rank, exc, run_dir()), 1)
+    comm.arrive("the other ranks to finish setting up")
+    errors = comm.allgather_object(error)
+    failed = [(rank, e) for rank, e in enumerate(errors) if e]
+    if failed:
+        rank, (message, code) = failed[0]
+        if comm.rank == 0:
+            where = f" (rank {rank})" if rank and not message.startswith("mpifl: rank") else ""
+            _err(message if message.startswith("mpifl: ") else f"mpifl: error: {message}{where}")
+        sys.exit(code)
+    return result
+
+
+def _crash_line(rank: int, exc: BaseException, run_dir: Path | None) -> str:
+    text = "".join(traceback.format_exception(exc))
+    where = "above"
+    if run_dir is not None:
+        path = run_dir / f"traceback-rank{rank}.txt"
+        path.write_text(text)
+        where = f"in {path}"
+    else:
+        sys.stderr.write(text)
+    return f"mpifl: rank {rank} failed: {type(exc).__name__}: {exc} (traceback {where})"
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

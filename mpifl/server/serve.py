@@ -1,0 +1,72 @@
+"""Rank 0's part of a run around the round loop: ``log.txt`` (who runs where), the progress line, the
+run log and the summaries, and the one line that says a stopped run can be resumed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import __version__
+from ..job.checkpoint import Checkpoint
+from ..job.signals import StopRequest
+from ..plan.config import RunConfig
+from ..plan.protocol import RoundProtocol
+from ..plan.session import Session
+from ..transport.comm import Comm
+from .progress import Progress
+from .run_log import MetricsLog
+from .server import Server
+
+
+def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: Checkpoint | None,
+          stop: StopRequest, processes: list[str]) -> str | None:
+    """Rank 0's part of the run; returns the signal that stopped it early, if one did."""
+    n_clients, n_hosts = len(session.clients), comm.size - 1
+    log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
+                 f"{len(session.manifest.domains)} domains) with {cfg.model}, {cfg.rounds} rounds, "
+                 f"{n_hosts} client ranks{' (in-process)' if comm.in_process else ''}; run directory {run_dir}"]
+    if resumed:
+        log_lines.append(f"resuming after round {resumed.round} from {run_dir / 'checkpoint'}"
+                         + ("" if len(resumed.ranks) == n_hosts else
+                            f"; its clients were on {len(resumed.ranks)} client ranks, now placed on {n_hosts}"))
+    if n_hosts > n_clients:
+        log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
+                         f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
+    log_lines.append(f"rank 0 ({processes[0]}): server")
+    log_lines += [f"rank {h + 1} ({processes[h + 1]}): clients {ids}" for h, ids in enumerate(session.placement)]
+    if session.pretrained:
+        log_lines.append(session.pretrained.summary())
+    with (run_dir / "log.txt").open("a") as log_file:
+        for line in log_lines:
+            (_err if line.startswith("mpifl: warning") else print)(line)
+            log_file.write(line + "\n")
+        log_file.flush()  # a job killed later still leaves who ran where
+        progress = Progress(cfg.rounds)
+        metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout)
+        if resumed:
+            metrics.resume(resumed.round, resumed.pending,
+                           evaluated=RoundProtocol(session).evaluates_round(resumed.round))
+
+        def on_round(r: int, acc: float | None) -> None:
+            progress.update(r, acc)
+            log_file.write(f"round {r}: mean test acc {acc}\n")
+            log_file.flush()
+
+        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop)
+        server.run()
+        if server.stopped_by:
+            line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
+                    f"{run_dir / 'checkpoint'}; continue with --resume {run_dir}")
+            _err(line)
+            log_file.write(line + "\n")
+            return server.stopped_by
+        metrics.write_summary()
+        summary = (run_dir / "summary.md").read_text()
+        print(summary)
+        log_file.write(summary)
+    return None
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

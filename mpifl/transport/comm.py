@@ -1,0 +1,111 @@
+"""The transport interface: what the server and the client hosts need to exchange a round's bytes.
+
+Two implementations:
+
+* :class:`~mpifl.transport.mpi.MpiComm`, one process per rank under an MPI launcher (``mpirun``, ``srun``);
+* :class:`~mpifl.transport.inprocess.ThreadComm`, every rank a thread of one process, for a run started
+  without a launcher (a debugger, a notebook, a laptop without MPI).
+
+Both move the same bytes in the same order, so a run gives the same numbers over either.  Per round there
+are two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`): :meth:`Comm.bcast` from rank 0
+and :meth:`Comm.gatherv` to rank 0.  The ``*_object`` collectives carry a few small Python objects during
+set-up only.  Each collective is preceded by :meth:`Comm.arrive`, a barrier that waits without spinning
+(the time is counted in ``seconds_waiting``); the bytes then move at full speed (``seconds_moving``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+
+from .buffers import ReusedBuffer
+from .topology import NodeLayout
+from .wire import Buffer
+
+
+class Comm:
+    """A world of ``size`` ranks as seen from ``rank`` (0 is the server)."""
+
+    in_process = False  # True: every rank is a thread of this process
+
+    def __init__(self, rank: int, size: int, timeout: float | None = None):
+        self.rank, self.size = rank, size
+        self.timeout = timeout  # seconds a rank waits for the others before the job fails; None: for ever
+        self.seconds_waiting = 0.0  # in the barriers: other ranks not ready yet
+        self.cpu_seconds_waiting = 0.0  # CPU time this rank spent in them: the cost of waiting
+        self.seconds_moving = 0.0  # inside the collectives themselves: bytes moving
+        self._gathered = ReusedBuffer()  # rank 0's receive buffer, the same memory every round
+
+    # ------------------------------------------------------------ the round's bytes
+    def arrive(self, what: str) -> None:
+        """Wait until every rank has arrived here (``what`` names the wait in a timeout's message)."""
+        start, cpu_start = time.perf_counter(), time.process_time()
+        self._barrier(what)
+        self.seconds_waiting += time.perf_counter() - start
+        self.cpu_seconds_waiting += time.process_time() - cpu_start
+
+    def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:
+        """Broadcast ``buf`` (uint8, the same size on every rank) from rank 0, in place."""
+        self.arrive(what)
+        start = time.perf_counter()
+        self._bcast(buf)
+        self.seconds_moving += time.perf_counter() - start
+
+    def gatherv(self, sendbuf: Buffer, counts: list[int],
+                what: str = "the clients' uploads") -> list[Buffer] | None:
+        """Gather each rank's bytes at rank 0; ``counts[r]`` is rank r's size.
+
+        Returns, on rank 0, one view per rank into the receive buffer (segments in rank order), valid until
+        the next gather reuses the buffer; ``None`` elsewhere.
+        """
+        if sendbuf.nbytes != counts[self.rank]:
+            raise RuntimeError(f"rank {self.rank} sends {sendbuf.nbytes} bytes, expected {counts[self.rank]}")
+        self.arrive(what)
+        start = time.perf_counter()
+        segments = self._gatherv(sendbuf, counts)
+        self.seconds_moving += time.perf_counter() - start
+        return segments
+
+    # ------------------------------------------------------------ set-up only
+    def bcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (small objects, during set-up)."""
+        raise NotImplementedError
+
+    def gather_object(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0, None elsewhere (small objects, during set-up)."""
+        raise NotImplementedError
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order on every rank (small objects, during set-up)."""
+        raise NotImplementedError
+
+    def node_layout(self) -> NodeLayout:
+        """The ranks sharing this rank's node, and its cores."""
+        raise NotImplementedError
+
+    def in_turn(self) -> contextlib.AbstractContextManager:
+        """A set-up step that touches process-wide state (torch's global generator and thread count):
+        separate processes may run it at once; threads of one process take turns in rank order."""
+        return contextlib.nullcontext()
+
+    def cuda_aware(self) -> bool | None:
+        """Whether GPU buffers may be handed to the collectives (None: the library cannot say)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ implementations
+    def _barrier(self, what: str) -> None:
+        raise NotImplementedError
+
+    def _bcast(self, buf: Buffer) -> None:
+        raise NotImplementedError
+
+    def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
+        raise NotImplementedError
+
+    def _receive_buffer(self, padded: list[int]) -> tuple[Buffer, np.ndarray]:
+        """Rank 0's reused receive buffer for segments of ``padded`` bytes, and their offsets."""
+        displs = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+        return self._gathered.get(int(sum(padded))), displs

@@ -1,0 +1,155 @@
+"""The in-process transport: every rank is a thread of one process (a run started without a launcher).
+
+``python -m mpifl.run ...`` started by itself runs the server (rank 0, the calling thread) and one client
+host (rank 1, a second thread) over :class:`ThreadComm`, the same interface as the MPI transport: the same
+buffers are packed, copied and unpacked in the same order, so ``metrics.jsonl`` is bit for bit that of
+``mpirun -n 2`` with the same ``--threads``.  No MPI library is needed.
+
+Threads share what processes do not: torch's global generator and its thread count.  Set-up steps that
+seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the ranks take
+turns by construction (the server waits in the gather while the host trains; the host waits in the next
+broadcast while the server aggregates), and the server draws no random numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import sys
+import threading
+from typing import Any, Callable
+
+import torch
+
+from ..errors import MpiflError
+from .comm import Comm
+from .topology import NodeLayout, affinity
+from .wire import Buffer
+
+
+class _Room:
+    """What the threads of one in-process world share."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.barrier = threading.Barrier(size)
+        self.posted: list[Any] = [None] * size  # each rank's contribution to the collective under way
+        self.turn = threading.Condition()
+        self.whose_turn = 0
+
+
+class ThreadComm(Comm):
+    """Rank ``rank`` of an in-process world; collectives are barriers around copies between threads."""
+
+    in_process = True
+
+    def __init__(self, room: _Room, rank: int, timeout: float | None = None):
+        super().__init__(rank, room.size, timeout)
+        self.room = room
+
+    def _barrier(self, what: str) -> None:
+        try:
+            self.room.barrier.wait(self.timeout)
+        except threading.BrokenBarrierError:
+            raise MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: a rank stopped answering; "
+                             "raise --round-timeout") from None
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        """Post ``obj``, read everyone's after all posted, and let no rank post again before all have read."""
+        self.room.posted[self.rank] = obj
+        self._barrier("the other ranks")
+        everyone = list(self.room.posted)
+        self._barrier("the other ranks")
+        return everyone
+
+    def _bcast(self, buf: Buffer) -> None:
+        root = self._exchange(buf)[0]
+        if self.rank != 0:
+            _copy(buf, root)
+
+    def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
+        self.room.posted[self.rank] = sendbuf
+        self._barrier("the other ranks")
+        segments = None
+        if self.rank == 0:
+            recv, displs = self._receive_buffer(counts)
+            segments = [recv[d:d + c] for d, c in zip(displs, counts)]
+            for segment, sent in zip(segments, self.room.posted):
+                _copy(segment, sent)
+        self._barrier("the other ranks")  # the senders may reuse their buffers only now
+        return segments
+
+    def bcast_object(self, obj):
+        return copy.deepcopy(self._exchange(obj)[0])
+
+    def gather_object(self, obj):
+        everyone = self._exchange(obj)
+        return copy.deepcopy(everyone) if self.rank == 0 else None
+
+    def allgather_object(self, obj):
+        return copy.deepcopy(self._exchange(obj))
+
+    def node_layout(self) -> NodeLayout:
+        ranks = tuple(range(self.size))
+        return NodeLayout(hostname=socket.gethostname(), rank=self.rank, node_ranks=ranks, client_ranks=ranks[1:],
+                          cores=len(affinity()), sharing=max(1, self.size - 1))
+
+    @contextlib.contextmanager
+    def in_turn(self):
+        with self.room.turn:
+            self.room.turn.wait_for(lambda: self.room.whose_turn == self.rank)
+        try:
+            yield
+        finally:
+            with self.room.turn:
+                self.room.whose_turn = (self.rank + 1) % self.size
+                self.room.turn.notify_all()
+
+    def cuda_aware(self) -> bool:
+        return True  # the copies are torch's, on any device
+
+
+def run_threads(size: int, rank_main: Callable[[Comm], None]) -> None:
+    """Run ``rank_main(comm)`` for ranks 0..size-1 of an in-process world: rank 0 in the calling thread (which
+    receives signals), the others in daemon threads.  Exits as the first rank that exits non-zero does."""
+    room = _Room(size)
+    codes: dict[int, int] = {}
+
+    def worker(rank: int) -> None:
+        try:
+            rank_main(ThreadComm(room, rank))
+        except SystemExit as exc:
+            codes[rank] = _exit_code(exc)
+        except BaseException:  # a bug outside the rank's own handling: show it and end the process
+            import traceback
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+
+    threads = [threading.Thread(target=worker, args=(r,), name=f"mpifl-rank-{r}", daemon=True)
+               for r in range(1, size)]
+    for thread in threads:
+        thread.start()
+    try:
+        rank_main(ThreadComm(room, 0))
+    except SystemExit as exc:
+        codes[0] = _exit_code(exc)
+    for thread in threads:
+        thread.join()
+    failed = [code for _, code in sorted(codes.items()) if code]
+    if failed:
+        sys.exit(failed[0])
+
+
+def _copy(dst: Buffer, src: Buffer) -> None:
+    """dst[:] = src for numpy arrays and torch tensors on any device, in any pairing."""
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(torch.as_tensor(src), non_blocking=False)
+    else:
+        dst[:] = src.cpu().numpy() if isinstance(src, torch.Tensor) else src
+
+
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
