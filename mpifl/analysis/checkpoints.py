@@ -133,8 +133,7 @@ class Checkpointed:
         train it (seeded batch order, transforms and torch generator of (seed, client, R+1), the method's hooks,
         the run's precision; ``--compile`` is not applied, which may change the last bits)."""
         from mpifl.client.precision import Precision
-        from mpifl.plan.seeding import client_rng, client_torch_seed
-        from mpifl.client.training import train_local
+        from mpifl.client.training import client_round, load_state
 
         cfg, algo = self.cfg, self.algo
         spec = self.session.clients[cid]
@@ -147,15 +146,10 @@ class Checkpointed:
         model = self.session.build_model().to(self.device)
         if cfg.channels_last:
             model.to(memory_format=torch.channels_last)
-        state = {**{k: down[k] for k in algo.shared_keys}, **{k: client.private[k] for k in algo.private_keys}}
-        model.load_state_dict(state)
-        data = self._client_data()[cid]
-        r = self.round + 1
-        torch.manual_seed(client_torch_seed(cfg.seed, cid, r))
-        algo.begin_local(client, model, down)
-        optimizer = algo.make_optimizer(model, r)
-        train_local(model, algo, client, data, optimizer, cfg.local_epochs, cfg.batch_size,
-                    client_rng(cfg.seed, cid, r), r, Precision(cfg.precision, self.device, cfg.channels_last))
+        slots = model.state_dict()
+        load_state(slots, algo, down, client.private)
+        client_round(model, slots, algo, client, self._client_data()[cid], down, self.round + 1, cfg,
+                     Precision(cfg.precision, self.device, cfg.channels_last))
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def client_data(self, cid: int):

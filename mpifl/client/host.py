@@ -19,7 +19,7 @@ from ..errors import MpiflError
 from ..job.checkpoint import Checkpoint, load_clients, save_clients
 from ..job.faults import maybe_inject
 from ..plan.protocol import RoundProtocol
-from ..plan.seeding import client_rng, client_torch_seed, personalization_seeds
+from ..plan.seeding import personalization_seeds
 from ..plan.session import Session
 from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
@@ -28,7 +28,7 @@ from ..transport.gpu_mpi import device_buffers
 from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, record
 from .client_data import load_client_data
 from .precision import Precision
-from .training import evaluate, train_local
+from .training import client_round, evaluate, load_state, train_local
 from .transforms import TrainTransforms, parse
 
 
@@ -133,29 +133,14 @@ class ClientHost:
         for client in self.clients.values():
             client.private.update({k: download[k].clone() for k in self.algo.adopted_keys})
 
-    def _load(self, download: dict[str, torch.Tensor], private: dict[str, torch.Tensor]) -> None:
-        """Model state = shared entries from the download + unshared entries from ``private``."""
-        keys = self.algo.shared_keys + self.algo.private_keys
-        sources = [download[k] for k in self.algo.shared_keys] + [private[k] for k in self.algo.private_keys]
-        _copy_all([self.slots[k] for k in keys], sources)
-
     def _train(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> dict:
-        cfg = self.session.cfg
-        self._load(download, client.private)
+        load_state(self.slots, self.algo, download, client.private)
         if maybe_inject(rank=self.comm.rank, client=client.id, round_index=round_index) == "nan":
             with torch.no_grad():
                 next(self.model.parameters()).fill_(float("nan"))
-        torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
-        self.algo.begin_local(client, self.model, download)
-        optimizer = self.algo.make_optimizer(self.model, round_index)
-        stats = train_local(self.model, self.algo, client, self.data[client.id], optimizer,
-                            cfg.local_epochs, cfg.batch_size, client_rng(cfg.seed, client.id, round_index),
-                            round_index, self.precision)
+        upload, stats = client_round(self.model, self.slots, self.algo, client, self.data[client.id], download,
+                                     round_index, self.session.cfg, self.precision)
         self.data_seconds += stats.data_seconds
-        _copy_all([client.private[k] for k in self.algo.private_keys],
-                  [self.slots[k] for k in self.algo.private_keys])
-        upload = {k: self.slots[k] for k in self.algo.uploaded_keys}
-        upload.update(self.algo.end_local(client, self.model))
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
                                        loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen)
         return upload
@@ -180,8 +165,8 @@ class ClientHost:
         for k, kind in enumerate(self.algo.evaluates):
             if kind == "personal" and not client.spec.trains:
                 continue  # a held-out domain has no personal model: its scores stay (0, 0, 0)
-            self._load(download, client.private if kind == "personal"
-                       else self.algo.global_private(client, download))
+            load_state(self.slots, self.algo, download,
+                       client.private if kind == "personal" else self.algo.global_private(client, download))
             if kind == "personal":
                 self.algo.personalize(client, self.model, self._fitter(client, round_index))
             for s, split in enumerate(EVAL_SPLITS):
@@ -198,10 +183,3 @@ def _restored(fresh: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], ci
             raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(tensor.shape)}; "
                              "the checkpoint is of another model or method version; start a new run")
     return saved
-
-
-@torch.no_grad()
-def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """In-place copies in one fused call (torch's foreach kernels refuse empty lists)."""
-    if targets:
-        torch._foreach_copy_(targets, sources)

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
+from ..plan.config import RunConfig
+from ..plan.seeding import client_rng, client_torch_seed
 from .client_data import ClientData
 from ..errors import MpiflError
 from .precision import FP32, Precision
@@ -77,6 +79,38 @@ def evaluate(model: nn.Module, data: ClientData, split: str, batch_size: int,
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         correct += (logits.argmax(1) == y).sum()
     return float(loss_sum), int(correct), data.size(split)
+
+
+def load_state(slots: dict[str, torch.Tensor], algo: Algorithm, download: dict[str, torch.Tensor],
+               private: dict[str, torch.Tensor]) -> None:
+    """A client's model state: the shared entries from the download, the others from ``private``
+    (``slots``: the model's state dict, whose tensors alias the model's)."""
+    keys = algo.shared_keys + algo.private_keys
+    copy_all([slots[k] for k in keys], [download[k] for k in algo.shared_keys] + [private[k] for k in algo.private_keys])
+
+
+def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorithm, client: ClientState,
+                 data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
+                 precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
+    """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
+    and local training, seeded by (seed, client, round); then the client keeps its private entries and the
+    round's upload is returned (the method's model entries and extra tensors; views of ``slots``)."""
+    torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
+    algo.begin_local(client, model, download)
+    optimizer = algo.make_optimizer(model, round_index)
+    stats = train_local(model, algo, client, data, optimizer, cfg.local_epochs, cfg.batch_size,
+                        client_rng(cfg.seed, client.id, round_index), round_index, precision)
+    copy_all([client.private[k] for k in algo.private_keys], [slots[k] for k in algo.private_keys])
+    upload = {k: slots[k] for k in algo.uploaded_keys}
+    upload.update(algo.end_local(client, model))
+    return upload, stats
+
+
+@torch.no_grad()
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """In-place copies in one fused call (torch's foreach kernels refuse empty lists)."""
+    if targets:
+        torch._foreach_copy_(targets, sources)
 
 
 def _timed(batches: Iterator, stats: TrainStats) -> Iterator:

@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from mpifl.algorithms import get_algorithm
+from mpifl.client.training import client_round, load_state
 from mpifl.plan.config import RunConfig
 from mpifl.transport.messages import CLIENT_META
 from mpifl.models import build_model, state_entries
@@ -40,23 +41,26 @@ def gradients_after_shift(algo, model, shift=1.0):
     return [p.grad for p in model.parameters()]
 
 
-def local_round(algo, model, client, download, loss_fn, steps):
-    """The runtime's local loop on ``loss_fn(model)`` after loading the download; the upload as numpy arrays."""
-    with torch.no_grad():
-        state = model.state_dict()
-        for k in algo.shared_keys:
-            state[k].copy_(download[k])
-    algo.begin_local(client, model, download)
-    optimizer = algo.make_optimizer(model, 1)
-    algo.train_mode(model)
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model).backward()
-        algo.after_backward(client, model)
-        optimizer.step()
-    state = model.state_dict()
-    upload = {k: state[k].detach().clone() for k in algo.uploaded_keys}
-    upload.update(algo.end_local(client, model))
+class Batches:
+    """A client's training data that yields the same given mini-batches every epoch."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def train_batches(self, rng, batch_size):
+        return iter(self.batches)
+
+
+def local_round(algo, model, client, download, steps, loss_fn=None, batch=None):
+    """One client round through the runtime's own code (``load_state``, ``client_round``): ``steps``
+    mini-batches of ``batch`` (x, y) under the method's loss, or with the objective ``loss_fn(model)``
+    instead; the upload as numpy arrays."""
+    if loss_fn is not None:
+        algo.batch_loss = lambda client, model, x, y: (loss_fn(model), torch.zeros(len(y), 1))
+        batch = (torch.zeros(1), torch.zeros(1, dtype=torch.long))
+    slots = model.state_dict()
+    load_state(slots, algo, download, client.private)
+    upload, _ = client_round(model, slots, algo, client, Batches([batch] * steps), download, 1, algo.cfg)
     return {k: v.detach().numpy().copy() for k, v in upload.items()}
 
 

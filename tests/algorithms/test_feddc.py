@@ -48,8 +48,7 @@ def test_with_alpha_zero_and_no_history_the_local_model_is_fedavgs_and_the_state
         algo, model = make_algo(name, {"lr": 0.05, "momentum": 0.9}, **options)
         model.load_state_dict(initial)
         client = algo.init_client(_spec(0), initial)
-        local_round(algo, model, client, _download(algo, algo.init_server(initial)),
-               lambda m, a=algo, c=client: a.batch_loss(c, m, x, y)[0], 3)
+        local_round(algo, model, client, _download(algo, algo.init_server(initial)), 3, batch=(x, y))
         trained[name] = ({k: v.clone() for k, v in model.state_dict().items()}, client, algo)
     (dc_model, dc_client, dc), (avg_model, _, _) = trained["feddc"], trained["fedavg"]
     for k, v in avg_model.items():
@@ -77,7 +76,7 @@ def test_penalty_correction_and_state_by_hand():
     g_i = {k: client.private[LAST + k].clone() for k in algo.params}
     download = {**{k: initial[k] for k in algo.shared_keys}, **{GLOBAL_UPDATE + k: rand[k]() for k in algo.params}}
     named = dict(model.named_parameters())
-    up = local_round(algo, model, client, download, lambda m: sum((grad[k] * named[k]).sum() for k in algo.params), 1)
+    up = local_round(algo, model, client, download, 1, lambda m: sum((grad[k] * named[k]).sum() for k in algo.params))
     for k in algo.params:
         w = initial[k]
         step = grad[k] + alpha * h[k] + (g_i[k] - download[GLOBAL_UPDATE + k]) / (eta * k_steps)
@@ -124,7 +123,7 @@ def test_unsampled_clients_keep_their_drift():
     for sampled in ([0, 1], [1]):
         before = [{k: v.clone() for k, v in c.private.items()} for c in clients]
         download = _download(algo, server)
-        ups = [local_round(algo, model, clients[i], download, quadratic, 2) for i in sampled]
+        ups = [local_round(algo, model, clients[i], download, 2, quadratic) for i in sampled]
         meta = client_meta([64] * len(sampled), steps=2)
         algo.aggregate(server, Uploads(clients=np.array(sampled), meta=meta,
                                        tensors={k: [u[k] for u in ups] for k in ups[0]}))

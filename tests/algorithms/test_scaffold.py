@@ -53,8 +53,7 @@ def test_with_zero_variates_scaffold_trains_and_aggregates_as_fedavg():
         model.load_state_dict(initial)
         server = algo.init_server(initial)
         client = algo.init_client(_spec(0), initial)
-        up = local_round(algo, model, client, algo.download(server),
-                    lambda m, a=algo, c=client: a.batch_loss(c, m, x, y)[0], 3)
+        up = local_round(algo, model, client, algo.download(server), 3, batch=(x, y))
         other = {k: np.asarray(v) * 0.5 for k, v in up.items()}
         algo.aggregate(server, _uploads([up, other], [0, 1], [10, 30], [3, 3]))
         results[name] = (up, server.model)
@@ -84,7 +83,7 @@ def test_corrected_steps_and_option_ii_by_hand():
         def loss(m, grad=grad, named=named, names=names):
             return sum((grad[k] * named[k]).sum() for k in names)
 
-        up = local_round(algo, model, client, download, loss, steps)
+        up = local_round(algo, model, client, download, steps, loss)
         for k in names:
             corrected = grad[k] + download[C_GLOBAL + k] - c_i[k]
             expected_y = initial[k] - 0.1 * a_k * corrected
@@ -124,8 +123,8 @@ def test_partial_participation_keeps_unsampled_variates_and_c_stays_their_mean()
     for sampled in ([0, 1], [1, 3], [1]):
         before = [{k: v.clone() for k, v in c.private.items()} for c in clients]
         download = {k: v.clone() for k, v in algo.download(server).items()}
-        ups = [local_round(algo, model, clients[i], download,
-                      lambda m, t=targets[i]: sum(((p - q) ** 2).sum() for p, q in zip(m.parameters(), t)), 2 + i)
+        ups = [local_round(algo, model, clients[i], download, 2 + i,
+                           lambda m, t=targets[i]: sum(((p - q) ** 2).sum() for p, q in zip(m.parameters(), t)))
                for i in sampled]
         algo.aggregate(server, _uploads(ups, sampled, [64] * len(sampled), [2 + i for i in sampled]))
         for i in set(range(4)) - set(sampled):
