@@ -1,12 +1,13 @@
 """Input normalization and FedRDN, an augmentation plug-in for any algorithm (``--aug``).
 
-FedRDN (Yan et al., paper 001, section 3.2):
+FedRDN (Yan, Fu, Li, Xie, Ma, Yang & Zhu, 2023, arXiv, "A Simple Data Augmentation for Feature
+Distribution Skewed Federated Learning", section 3.2):
 
 * each client computes its channel statistics before training (eqs. 5-6):
   ``mu_k`` = mean over its training images of the per-image channel means,
   ``sigma_k`` = mean over its images of the per-image channel standard
   deviations (population std over H x W), in [0, 1] pixel units (eq. 5
-  prints a sum; the authors' code takes the mean, DESIGN 5);
+  prints a sum; the authors' public code takes the mean);
 * the statistics of every training client are exchanged once, at setup:
   the only tensors FedRDN adds to the wire (``--show-manifest`` lists them);
 * training normalizes ``x_hat = (x - mu_j) / sigma_j`` with statistics drawn
@@ -14,8 +15,8 @@ FedRDN (Yan et al., paper 001, section 3.2):
   (eq. 8).
 
 The paper draws one client's (mu, sigma) pair per image and epoch; the
-authors' code (DESIGN 5) and the issue draw the mean and the std
-independently, once per mini-batch.  ``--aug-draw batch`` (default) follows
+authors' public code draws the mean and the std independently, once per
+mini-batch.  ``--aug-draw batch`` (default) follows
 the code, ``--aug-draw sample`` the paper's per-image pairs.  A held-out
 domain, which never trains, uses its own statistics at test time as eq. 8
 prescribes for every client.
