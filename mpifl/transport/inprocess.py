@@ -29,7 +29,7 @@ from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 
-class _Room:
+class Room:
     """What the threads of one in-process world share."""
 
     def __init__(self, size: int):
@@ -45,7 +45,7 @@ class ThreadComm(Comm):
 
     in_process = True
 
-    def __init__(self, room: _Room, rank: int, timeout: float | None = None):
+    def __init__(self, room: Room, rank: int, timeout: float | None = None):
         super().__init__(rank, room.size, timeout)
         self.room = room
 
@@ -114,7 +114,7 @@ class ThreadComm(Comm):
 def run_threads(size: int, rank_main: Callable[[Comm], None]) -> None:
     """Run ``rank_main(comm)`` for ranks 0..size-1 of an in-process world: rank 0 in the calling thread (which
     receives signals), the others in daemon threads.  Exits as the first rank that exits non-zero does."""
-    room = _Room(size)
+    room = Room(size)
     codes: dict[int, int] = {}
 
     def worker(rank: int) -> None:

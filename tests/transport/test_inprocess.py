@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mpifl.errors import MpiflError
-from mpifl.transport.inprocess import ThreadComm, _Room, run_threads
+from mpifl.transport.inprocess import ThreadComm, Room, run_threads
 
 
 def _world(size: int, body, timeout: float | None = None) -> dict:
     """Run ``body(comm)`` on ``size`` threads; {rank: result}."""
-    room, out, errors = _Room(size), {}, []
+    room, out, errors = Room(size), {}, []
 
     def rank_main(rank):
         try:
