@@ -1,6 +1,6 @@
 """``python -m mpifl.bench``: the simulator's own cost next to the training it runs.
 
-Runs the same local SGD steps three ways and reports seconds per round:
+Runs the same local SGD steps four ways and reports seconds per round:
 
 (a) **bare**: one Python process, a plain PyTorch loop over the clients of a
     round (same data, model, batches, optimizer) plus the weighted average
@@ -9,14 +9,17 @@ Runs the same local SGD steps three ways and reports seconds per round:
     six times as long, and would flatter the simulator): the floor for
     this machine;
 (b) **mpifl with 1 client rank**: ``mpirun -n 2 python -m mpifl.run``;
-(c) **mpifl with 2 client ranks**: ``mpirun -n 3 ...``.
+(c) **mpifl with 2 client ranks**: ``mpirun -n 3 ...``;
+(d) **mpifl in one process**: ``python -m mpifl.run`` with no launcher, the
+    server and one client host as threads over the in-process transport
+    (the same work as (b) without MPI).
 
 Round times of the simulator come from its own ``metrics.jsonl``
 (``seconds.round``, rank 0's wall clock from broadcast to aggregated), the
 first round of every run dropped as warm-up; evaluation runs only after the
 last round and is excluded, as is process start-up.  ``--repeats`` runs
-(a), (b), (c) again in turn, so slow phases of a shared machine hit all
-three alike; the figures are medians over every measured round, and the
+every way again in turn, so slow phases of a shared machine hit all
+of them alike; the figures are medians over every measured round, and the
 ratio is also given for the fastest round of each (on a noisy virtual
 machine, whose rounds vary by 10 %, the least disturbed estimate).
 
@@ -101,13 +104,14 @@ def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: i
     return times
 
 
-def simulator_rounds(client_ranks: int, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
+def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
                      batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
                      device: str, out: Path) -> list[dict]:
-    """Each round's record (seconds and bytes) from a real mpirun of mpifl.run."""
+    """Each round's record (seconds and bytes) from a real run of mpifl.run: under mpirun with
+    ``client_ranks`` client ranks, or in one process (None)."""
     here = Path(sys.executable).parent / "mpirun"
-    cmd = [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1), sys.executable, "-m", "mpifl.run",
-           "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
+    launcher = [] if client_ranks is None else [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1)]
+    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
            "--eval-every", str(rounds + 1), "--out", str(out), "--threads", str(threads), "--device", device]
@@ -173,7 +177,7 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
     workload = (data, model_name, rounds, local_epochs, batch_size, lr)
     session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client)
     sizes = [c.num_train for c in session.clients]
-    bare, sims = [], {k: [] for k in ranks}
+    bare, sims, in_process = [], {k: [] for k in ranks}, []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
@@ -181,10 +185,13 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
                                             device, Path(tmp) / f"ranks{k}-{repeat}")[1:]
+            in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
+                                           samples_per_client, device, Path(tmp) / f"in-process-{repeat}")[1:]
     images = sum(sizes) * local_epochs
     bare_s = statistics.median(bare)
     sim_s = {k: statistics.median(r["seconds"]["round"] for r in v) for k, v in sims.items()}
     fastest = {k: min(r["seconds"]["round"] for r in v) for k, v in sims.items()}
+    one_process = statistics.median(r["seconds"]["round"] for r in in_process)
     split = {k: {f: statistics.median(r["seconds"][f] for r in v) for f in SPLIT} for k, v in sims.items()}
     scaling = {k: {"speedup": sim_s[1] / sim_s[k], "bound": speedup_bound(sizes, k),
                    "efficiency": sim_s[1] / sim_s[k] / speedup_bound(sizes, k)} for k in ranks[1:]}
@@ -195,15 +202,20 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
         "workload": {"data": data, "model": model_name, "clients": len(sizes), "train_samples": sum(sizes),
                      "rounds": rounds, "repeats": repeats, "local_epochs": local_epochs, "batch_size": batch_size,
                      "threads_per_process": threads or "auto", "device": str(bare_device)},
-        "seconds_per_round": {"bare": bare_s, **{f"mpifl_{k}_ranks": v for k, v in sim_s.items()}},
-        "images_per_second": {"bare": images / bare_s, **{f"mpifl_{k}_ranks": images / v for k, v in sim_s.items()}},
+        "seconds_per_round": {"bare": bare_s, **{f"mpifl_{k}_ranks": v for k, v in sim_s.items()},
+                              "mpifl_in_process": one_process},
+        "images_per_second": {"bare": images / bare_s, **{f"mpifl_{k}_ranks": images / v for k, v in sim_s.items()},
+                              "mpifl_in_process": images / one_process},
         "rounds_measured": {"bare": bare, **{f"mpifl_{k}_ranks": [r["seconds"]["round"] for r in v]
-                                             for k, v in sims.items()}},
+                                             for k, v in sims.items()},
+                            "mpifl_in_process": [r["seconds"]["round"] for r in in_process]},
         "ratio_mpifl_1_rank_to_bare": sim_s[1] / bare_s,
+        "ratio_mpifl_in_process_to_bare": one_process / bare_s,
         "ratio_of_fastest_rounds": fastest[1] / min(bare),
         "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
-        "bytes_per_round": {f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
+        "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
+                            "in_process": wire_bytes(session, in_process[-1]["bytes"], 1)},
     }
     Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     click.echo(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
@@ -219,6 +231,8 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
             line += (f"   speedup 1->{k} {scaling[k]['speedup']:5.2f}x (placement allows {scaling[k]['bound']:.2f}x: "
                      f"efficiency {scaling[k]['efficiency']:.1%})")
         click.echo(line)
+    click.echo(f"  mpifl, in one process  {one_process:8.3f} s/round  {images / one_process:8.0f} images/s   "
+               f"ratio to bare {one_process / bare_s:5.3f}")
     for k, v in split.items():
         click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
     for k, v in result["bytes_per_round"].items():

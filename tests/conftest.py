@@ -1,9 +1,13 @@
-"""Shared fixtures: a generated dataset, and runs through real ``mpirun`` or in one process."""
+"""Shared fixtures: a generated dataset, and runs through real ``mpirun``, in a process of their own, or in
+the test process itself."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -45,6 +49,30 @@ def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cw
 def run_in_process(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> Job:
     """Run ``python -m mpifl.run ARGS`` without a launcher: server and one client host in one process."""
     return _capture([sys.executable, "-m", "mpifl.run", *args], env, timeout, cwd)
+
+
+def run_here(*args: str) -> Job:
+    """Run ``python -m mpifl.run ARGS`` inside this test process: no launcher (the in-process transport) and
+    no interpreter start-up.  Output is captured; torch's thread count and the signal handlers the run
+    installs are put back afterwards."""
+    import torch
+
+    from mpifl.job.signals import STOP_SIGNALS
+    from mpifl.run import main
+
+    threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    start = time.monotonic()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main.main(list(args), prog_name="mpifl.run", standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        torch.set_num_threads(threads)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return Job(code, out.getvalue(), err.getvalue(), time.monotonic() - start)
 
 
 def _capture(cmd: list[str], env: dict | None, timeout: float, cwd: Path | None) -> Job:

@@ -13,7 +13,7 @@ def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with
     assert speedup_bound(sizes, ranks) == pytest.approx(bound)
 
 
-def test_bench_runs_all_three_ways_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
+def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "mpifl.bench", "--data-root", str(data_root), "--model", "smallcnn",
@@ -24,6 +24,8 @@ def test_bench_runs_all_three_ways_and_accounts_for_every_uploaded_byte(tmp_path
     assert result["workload"]["clients"] == 10 and result["scaling_from_1_rank"]["2_ranks"]["bound"] == 2.0
     assert result["images_per_second"]["bare"] == pytest.approx(80 / result["seconds_per_round"]["bare"])
     assert all(len(v) == 1 and v[0] > 0 for v in result["rounds_measured"].values())
+    assert set(result["rounds_measured"]) == {"bare", "mpifl_1_ranks", "mpifl_2_ranks", "mpifl_in_process"}
+    assert set(result["bytes_per_round"]) == {"1_ranks", "2_ranks", "in_process"}
     for ranks, wire in result["bytes_per_round"].items():
         assert wire["matches_manifest"], (ranks, wire)
     assert "as expected" in proc.stdout and "MISMATCH" not in proc.stdout

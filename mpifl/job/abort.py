@@ -1,9 +1,10 @@
 """Ending the whole MPI job from one rank, with its one line shown.
 
-:func:`abort_job` is the only way a failing rank ends the job: it prints
-the line, gives the launcher half a second to forward it (launchers forward
-output asynchronously, and the abort would otherwise race the line), calls
-``MPI_Abort`` and exits whatever that returns.
+:func:`abort_world` is how a failing rank ends an MPI job
+(``MpiComm.abort``): it gives the launcher half a second to forward the
+rank's line (launchers forward output asynchronously, and the abort would
+otherwise race the line), calls ``MPI_Abort`` and exits whatever that
+returns.  :func:`abort_job` prints the line first.
 
 :func:`abort_on_uncaught` covers the time before the runtime's own error
 handling exists: an exception while ``python -m mpifl.run`` is still
@@ -24,10 +25,16 @@ from typing import NoReturn
 
 
 def abort_job(line: str, code: int) -> NoReturn:
-    from mpi4py import MPI
-
+    """Print ``line`` and end the whole MPI job."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+    abort_world(code)
+
+
+def abort_world(code: int) -> NoReturn:
+    """End every rank of the MPI world (a lone process just exits)."""
+    from mpi4py import MPI
+
     if MPI.COMM_WORLD.size > 1:
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(code)

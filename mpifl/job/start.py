@@ -8,9 +8,9 @@ one client host are two threads of this process (:mod:`mpifl.transport.inprocess
    and reads what a Dirichlet split needs, every rank builds the same session, each client rank loads
    its clients' data; a failure anywhere is printed once by rank 0 and every rank exits;
 3. rank 0 serves (:func:`mpifl.server.serve.serve`), the others host clients
-   (:class:`mpifl.client.host.ClientHost`); a failure while training ends the whole job through
-   :func:`mpifl.job.abort.abort_job` from the failing rank, after that rank printed its one line
-   (the traceback of a bug goes to ``<run>/traceback-rank<k>.txt``);
+   (:class:`mpifl.client.host.ClientHost`); a failure while training ends the whole job promptly
+   (``Comm.abort``: ``MPI_Abort``, or every thread of an in-process run) from the failing rank, after
+   that rank printed its one line (the traceback of a bug goes to ``<run>/traceback-rank<k>.txt``);
 4. a stop signal (SIGTERM, SIGUSR1) ends the run at the next round with a checkpoint and exit code 75.
 """
 
@@ -37,7 +37,6 @@ from ..server.run_log import fold_summary
 from ..server.serve import serve
 from ..transport.comm import Comm
 from ..transport.inprocess import run_threads
-from .abort import abort_job
 from .checkpoint import load as load_checkpoint
 from .run_dir import default_run_dir, make_run_dir, resume_run_dir
 from .signals import EXIT_STOPPED, StopRequest
@@ -141,9 +140,11 @@ def _run(cfg: RunConfig, comm: Comm, resume: bool = False) -> None:
             host.run()
             stopped_by = host.stopped
     except MpiflError as exc:
-        abort_job(f"mpifl: error: {exc}", exc.exit_code)
+        _err(f"mpifl: error: {exc}")
+        comm.abort(exc.exit_code)
     except Exception as exc:  # a bug: one line here, the traceback in the run directory
-        abort_job(_crash_line(comm.rank, exc, run_dir), 1)
+        _err(_crash_line(comm.rank, exc, run_dir))
+        comm.abort(1)
     if stopped_by:
         sys.exit(EXIT_STOPPED)
 

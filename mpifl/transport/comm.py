@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -93,6 +93,10 @@ class Comm:
 
     def cuda_aware(self) -> bool | None:
         """Whether GPU buffers may be handed to the collectives (None: the library cannot say)."""
+        raise NotImplementedError
+
+    def abort(self, code: int) -> NoReturn:
+        """End the whole job promptly with exit ``code``, from this rank (its line already printed)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ implementations

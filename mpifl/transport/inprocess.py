@@ -5,6 +5,9 @@ host (rank 1, a second thread) over :class:`ThreadComm`, the same interface as t
 buffers are packed, copied and unpacked in the same order, so ``metrics.jsonl`` is bit for bit that of
 ``mpirun -n 2`` with the same ``--threads``.  No MPI library is needed.
 
+A failing rank prints its one line and ends the run at once: a failing server returns without waiting
+for the client host (a daemon thread, gone with the process); a failing client host wakes the server
+from its collective (or, should the server be hung, ends the process after ``WATCHDOG_SECONDS``).
 Threads share what processes do not: torch's global generator and its thread count.  Set-up steps that
 seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the ranks take
 turns by construction (the server waits in the gather while the host trains; the host waits in the next
@@ -19,7 +22,8 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Callable
+import traceback
+from typing import Any, Callable, NoReturn
 
 import torch
 
@@ -27,6 +31,8 @@ from ..errors import MpiflError
 from .comm import Comm
 from .topology import NodeLayout, affinity
 from .wire import Buffer
+
+WATCHDOG_SECONDS = 10.0  # a failed client host waits this long for the server to end the run
 
 
 class Room:
@@ -38,6 +44,23 @@ class Room:
         self.posted: list[Any] = [None] * size  # each rank's contribution to the collective under way
         self.turn = threading.Condition()
         self.whose_turn = 0
+        self.failed: int | None = None  # the exit code of a rank that ended the job
+        self.watchdog: threading.Timer | None = None
+
+    def fail(self, code: int) -> None:
+        """End the world: every rank waiting, or arriving later, in a collective leaves with ``code``."""
+        if self.failed is None:
+            self.failed = code
+        self.barrier.abort()
+
+    def fail_from_worker(self, code: int) -> None:
+        """:meth:`fail`, from a thread that is not the server's: the server leaves its collective and ends
+        the run; should it be stuck elsewhere (a hung server), the process exits after a grace period."""
+        self.fail(code)
+        if self.watchdog is None:
+            self.watchdog = threading.Timer(WATCHDOG_SECONDS, os._exit, args=(code,))
+            self.watchdog.daemon = True
+            self.watchdog.start()
 
 
 class ThreadComm(Comm):
@@ -53,6 +76,8 @@ class ThreadComm(Comm):
         try:
             self.room.barrier.wait(self.timeout)
         except threading.BrokenBarrierError:
+            if self.room.failed is not None:  # another rank ended the job and said why
+                raise SystemExit(self.room.failed) from None
             raise MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: a rank stopped answering; "
                              "raise --round-timeout") from None
 
@@ -110,35 +135,43 @@ class ThreadComm(Comm):
     def cuda_aware(self) -> bool:
         return True  # the copies are torch's, on any device
 
+    def abort(self, code: int) -> NoReturn:
+        if threading.current_thread() is threading.main_thread():
+            self.room.fail(code)
+        else:
+            self.room.fail_from_worker(code)
+        raise SystemExit(code)
+
 
 def run_threads(size: int, rank_main: Callable[[Comm], None]) -> None:
     """Run ``rank_main(comm)`` for ranks 0..size-1 of an in-process world: rank 0 in the calling thread (which
-    receives signals), the others in daemon threads.  Exits as the first rank that exits non-zero does."""
+    receives signals), the others in daemon threads.  Exits as the first rank that exits non-zero does; a
+    failing rank ends the world at once (the others leave their next collective), and a failing server
+    does not wait for a client host still training."""
     room = Room(size)
     codes: dict[int, int] = {}
 
-    def worker(rank: int) -> None:
+    def guarded(rank: int) -> None:
         try:
             rank_main(ThreadComm(room, rank))
-        except SystemExit as exc:
+        except SystemExit as exc:  # an exit every rank takes (a set-up error, a stop) or ThreadComm.abort's
             codes[rank] = _exit_code(exc)
-        except BaseException:  # a bug outside the rank's own handling: show it and end the process
-            import traceback
+        except BaseException:  # a bug outside the rank's own handling: show it and end the world
             traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
+            codes[rank] = 1
+            room.fail(1)
 
-    threads = [threading.Thread(target=worker, args=(r,), name=f"mpifl-rank-{r}", daemon=True)
+    threads = [threading.Thread(target=guarded, args=(r,), name=f"mpifl-rank-{r}", daemon=True)
                for r in range(1, size)]
     for thread in threads:
         thread.start()
-    try:
-        rank_main(ThreadComm(room, 0))
-    except SystemExit as exc:
-        codes[0] = _exit_code(exc)
-    for thread in threads:
-        thread.join()
-    failed = [code for _, code in sorted(codes.items()) if code]
+    guarded(0)
+    if room.watchdog is not None:
+        room.watchdog.cancel()  # the server has ended the run in time
+    if room.failed is None:
+        for thread in threads:
+            thread.join()
+    failed = [code for _, code in sorted(codes.items()) if code] or ([room.failed] if room.failed else [])
     if failed:
         sys.exit(failed[0])
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import NoReturn
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from ..errors import MpiflError
+from ..job.abort import abort_world
 from .comm import Comm
 from .gpu_mpi import cuda_aware
 from .topology import NodeLayout, affinity
@@ -116,6 +118,9 @@ class MpiComm(Comm):
 
     def cuda_aware(self) -> bool | None:
         return cuda_aware()
+
+    def abort(self, code: int) -> NoReturn:
+        abort_world(code)
 
     # ------------------------------------------------------- large-count help
     def _struct_type(self, n: int) -> MPI.Datatype:

@@ -9,7 +9,7 @@ from mpifl.plan.config import RunConfig
 from mpifl.transport.messages import CLIENT_META
 from mpifl.models import build_model, state_entries
 
-from ..conftest import run_in_process
+from ..conftest import run_here
 
 
 def make_algo(name, cfg_kw=None, *, model="smallcnn", **options):
@@ -65,8 +65,8 @@ def local_round(algo, model, client, download, steps, loss_fn=None, batch=None):
 
 
 def run_two_rounds(data_root, run, algo):
-    """A real run of two rounds in one process, 10 clients at fraction 0.5 (partial participation), into ``run``."""
-    job = run_in_process("--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,
+    """A real run of two rounds in this process (the in-process transport), 10 clients at fraction 0.5 (partial participation), into ``run``."""
+    job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,
                  "--rounds", "2", "--fraction", "0.5", "--clients-per-domain", "2", "--threads", "1",
                  "--lr", "0.05", "--momentum", "0.9")
     assert job.returncode == 0, job.stderr

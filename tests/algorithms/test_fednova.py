@@ -12,7 +12,7 @@ from mpifl.plan.seeding import client_rng
 from mpifl.plan.session import make_session, read_labels
 from mpifl.client.training import train_local
 
-from ..conftest import read_metrics, run_in_process
+from ..conftest import read_metrics, run_here
 from .helpers import client_meta, make_algo
 
 
@@ -117,7 +117,7 @@ def test_in_a_real_run_fednova_differs_from_fedavg_when_steps_differ(data_root, 
     assert len(steps) > 1, steps  # the round's clients take different numbers of local steps
     records = {}
     for algo, rounds in (("fednova", "2"), ("fedavg", "1")):  # FedAvg: round 1 is enough to compare
-        job = run_in_process(*_args(data_root, tmp_path / algo, algo, rounds))
+        job = run_here(*_args(data_root, tmp_path / algo, algo, rounds))
         assert job.returncode == 0, job.stderr
         records[algo] = read_metrics(tmp_path / algo)
     nova, avg = records["fednova"], records["fedavg"]

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ..conftest import REPO, launch, mpirun_path
+from ..conftest import REPO, launch, mpirun_path, run_in_process
 
 
 def _args(data_root, out, *extra):
@@ -49,6 +49,21 @@ def test_an_exception_on_the_server_ends_the_job_with_its_line(data_root, tmp_pa
     assert job.returncode == 1 and job.seconds < 60
     lines = job.lines("mpifl: rank 0 failed: RuntimeError: injected fault")
     assert len(lines) == 1 and (tmp_path / "r" / "traceback-rank0.txt").exists()
+
+
+@pytest.mark.parametrize("fault", ["raise:rank=0,round=2", "raise:rank=1,round=2", "hang:rank=0,round=2"])
+def test_in_one_process_a_failing_or_hung_rank_ends_the_run_at_once_with_one_line(data_root, tmp_path, fault):
+    extra = ("--round-timeout", "5") if fault.startswith("hang") else ()
+    job = run_in_process(*_args(data_root, tmp_path / "r", "--threads", "1", *extra), env={"MPIFL_FAULT": fault},
+                         timeout=90)
+    lines = job.lines("mpifl: ")
+    assert len(lines) == 1 and "Traceback" not in job.stderr and job.seconds < 40, job.stderr
+    if fault.startswith("raise"):
+        rank = fault[len("raise:rank=")]
+        assert job.returncode == 1 and lines[0].startswith(f"mpifl: rank {rank} failed: RuntimeError: injected fault")
+        assert (tmp_path / "r" / f"traceback-rank{rank}.txt").exists()
+    else:  # the server hangs: the client host times out, and the process ends without it
+        assert job.returncode == 2 and "waiting for the server's broadcast" in lines[0]
 
 
 def test_sigusr1_to_mpirun_checkpoints_and_exits_75(data_root, tmp_path):

@@ -1,5 +1,5 @@
-"""End-to-end runs: learning, outputs and manifests in one process (no launcher); rank-count invariance
-over real ``mpirun``, equal to the in-process run."""
+"""End-to-end runs: learning, outputs and manifests in the test process (no launcher, the in-process
+transport); rank-count invariance over real ``mpirun``, equal to a run in a process of its own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from mpifl.algorithms import ALGORITHMS
 
-from ..conftest import launch, read_metrics, run_in_process
+from ..conftest import launch, read_metrics, run_here, run_in_process
 
 
 def _args(data_root, out, *extra):
@@ -21,7 +21,7 @@ def _args(data_root, out, *extra):
 
 def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
     run = tmp_path / "run"
-    job = run_in_process(*_args(data_root, run, "--rounds", "3"))
+    job = run_here(*_args(data_root, run, "--rounds", "3"))
     assert job.returncode == 0, job.stderr
     records = read_metrics(run)
     assert [r["round"] for r in records] == [1, 2, 3]
@@ -64,7 +64,7 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
 
 
 def test_singleset_evaluates_personal_models(data_root, tmp_path):
-    job = run_in_process(*_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2"))
+    job = run_here(*_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2"))
     assert job.returncode == 0, job.stderr
     record = read_metrics(tmp_path / "s")[-1]
     assert set(record["eval"]) == {"personal"}
@@ -74,7 +74,7 @@ def test_singleset_evaluates_personal_models(data_root, tmp_path):
 def test_fedprox_runs_from_a_yaml_config_with_cli_override(data_root, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("algo: fedprox\nmu: 0.1\nrounds: 5\n")
-    job = run_in_process(*_args(data_root, tmp_path / "p", "--config", str(config), "--rounds", "1"))
+    job = run_here(*_args(data_root, tmp_path / "p", "--config", str(config), "--rounds", "1"))
     assert job.returncode == 0, job.stderr
     import json
     resolved = json.loads((tmp_path / "p" / "config.json").read_text())
@@ -83,7 +83,7 @@ def test_fedprox_runs_from_a_yaml_config_with_cli_override(data_root, tmp_path):
 
 
 def test_show_manifest_lists_the_wire_tensors(data_root):
-    job = run_in_process("--data-root", str(data_root), "--model", "digitmodel", "--show-manifest")
+    job = run_here("--data-root", str(data_root), "--model", "digitmodel", "--show-manifest")
     assert job.returncode == 0, job.stderr
     out = job.stdout
     assert "download (server -> client): 32 tensors" in out  # 37 state entries minus 5 BN step counters
@@ -91,12 +91,12 @@ def test_show_manifest_lists_the_wire_tensors(data_root):
     assert "fc1.weight" in out and "[2048, 6272]" in out and "float32" in out
     per_client = 14_219_210 * 4 + 2 * 4 * (64 + 64 + 128 + 2048 + 512)  # params + BN running stats
     assert f"{per_client:,} bytes per client" in out
-    single = run_in_process("--data-root", str(data_root), "--algo", "singleset", "--show-manifest")
+    single = run_here("--data-root", str(data_root), "--algo", "singleset", "--show-manifest")
     assert "download (server -> client): 0 tensors, 0 bytes" in single.stdout
 
 
 def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
-    job = run_in_process(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1"), timeout=300)
+    job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1"))
     assert job.returncode == 0, job.stderr
     folds = sorted(p.name for p in (tmp_path / "lodo").iterdir() if p.is_dir())
     assert folds == ["holdout-mono", "holdout-outline", "holdout-paper", "holdout-street", "holdout-texture"]
@@ -117,9 +117,9 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     """10 clients, half of them per round: partial participation for every method, in one process."""
     run = tmp_path / algo
     sampling = ("--clients-per-domain", "2", "--fraction", "0.5")
-    job = run_in_process(*_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling, *STAGED.get(algo, ())))
+    job = run_here(*_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling, *STAGED.get(algo, ())))
     assert job.returncode == 0, job.stderr
-    manifest = run_in_process(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
+    manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
     per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
     header, meta, seconds = 3 * 8, 5 * 8, 3 * 8  # round header, client.meta, rank.seconds
@@ -139,15 +139,15 @@ def padded(nbytes: int) -> int:
 
 
 def test_fedrdn_adds_only_channel_statistics_to_the_wire(data_root, tmp_path):
-    base = run_in_process(*_args(data_root, tmp_path / "m", "--show-manifest")).stdout.splitlines()
-    rdn = run_in_process(*_args(data_root, tmp_path / "m", "--show-manifest", "--aug", "fedrdn")).stdout.splitlines()
+    base = run_here(*_args(data_root, tmp_path / "m", "--show-manifest")).stdout.splitlines()
+    rdn = run_here(*_args(data_root, tmp_path / "m", "--show-manifest", "--aug", "fedrdn")).stdout.splitlines()
     extra = [line for line in rdn if line not in base]
     assert len(extra) == 1 and extra[0].startswith("setup exchange, once before round 1: 5 clients")
     assert "fedrdn.stats [2, 3] float64 (48 bytes)" in extra[0] and "[5, 2, 3] (240 bytes)" in extra[0]
 
 
 def test_fixbn_stops_sending_bn_statistics_after_its_first_stage(data_root, tmp_path):
-    job = run_in_process(*_args(data_root, tmp_path / "fx", "--algo", "fixbn", "--rounds", "4", "--fixbn-stage-rounds",
+    job = run_here(*_args(data_root, tmp_path / "fx", "--algo", "fixbn", "--rounds", "4", "--fixbn-stage-rounds",
                                 "2", "--lr", "0.01", "--momentum", "0"))
     assert job.returncode == 0, job.stderr
     stats = 4 * 2 * (16 + 32 + 64)  # SmallCNN: running mean and var of its three BN layers, float32
@@ -162,7 +162,7 @@ def test_fixbn_stops_sending_bn_statistics_after_its_first_stage(data_root, tmp_
     ("fednn", ("--clients-per-domain", "4", "--fraction", "0.5")),
 ])
 def test_cross_device_and_batch_size_one(data_root, tmp_path, algo, extra):
-    job = run_in_process(*_args(data_root, tmp_path / "r", "--algo", algo, "--rounds", "2", *extra))
+    job = run_here(*_args(data_root, tmp_path / "r", "--algo", algo, "--rounds", "2", *extra))
     assert job.returncode == 0, job.stderr
     records = read_metrics(tmp_path / "r")
     per_round = 5 if "0.25" in extra else 10
@@ -175,14 +175,14 @@ def test_pretrained_checkpoint_initialises_the_model(data_root, tmp_path):
 
     from mpifl.models import build_model
     torch.save(build_model("smallcnn", num_classes=7).state_dict(), tmp_path / "ckpt.pt")
-    job = run_in_process(*_args(data_root, tmp_path / "r", "--rounds", "1", "--pretrained", str(tmp_path / "ckpt.pt")))
+    job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "1", "--pretrained", str(tmp_path / "ckpt.pt")))
     assert job.returncode == 0, job.stderr
     log = (tmp_path / "r" / "log.txt").read_text()
     assert "loaded 21 entries, 2 kept their init" in log and "classifier of another size skipped" in log
 
 
 def test_dirichlet_label_skew_over_n_clients(data_root, tmp_path):
-    job = run_in_process(*_args(data_root, tmp_path / "d", "--rounds", "1", "--num-clients", "8", "--dirichlet", "0.5"))
+    job = run_here(*_args(data_root, tmp_path / "d", "--rounds", "1", "--num-clients", "8", "--dirichlet", "0.5"))
     assert job.returncode == 0, job.stderr
     record = read_metrics(tmp_path / "d")[0]
     assert len(record["clients"]) == 8
