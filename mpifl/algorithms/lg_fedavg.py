@@ -10,20 +10,19 @@ every layer trains on the client's cross-entropy (the paper's end-to-end
 local objective without its optional auxiliary representation losses).
 
 * **Which layers are global**: ``--lg-global-layers N``, the last N
-  *layers* of the model, a layer being a module that owns parameters (conv,
-  linear, normalization with affine), counted from the end of the
-  state-dict order; each global layer shares all its entries (a BN layer:
-  weight, bias and running statistics; never ``num_batches_tracked``).
-  Default N = 1, the classifier alone: the authors' code default
+  *blocks* of the model in forward order (:mod:`mpifl.models.structure`: a
+  conv or linear layer with the normalization after it, a residual stage ...),
+  so N = 1 is the classifier alone on every model: the authors' code default
   (``--num_layers_keep 1``; their README uses 2 on CIFAR-10 and 3 on MNIST
-  for models without normalization layers).  Examples: SmallCNN N = 3 is
-  ``conv3``, ``norm3`` and ``classifier``; AlexNet N = 3 is ``fc2``, ``bn7``,
-  ``fc3``.  LeNet registers ``bn1`` and ``bn2`` after its linear layers, so
-  its last three state-dict layers are ``fc3``, ``bn1``, ``bn2``
-  (``--show-manifest`` lists exactly what travels).  The paper's
-  description (top layers global) is followed; note that the authors'
-  CIFAR-10 CNN lists its ``weight_keys`` as fc1, fc2, fc3, conv2, conv1, so
-  there ``--num_layers_keep 2`` makes the two *conv* layers global.
+  for models without normalization layers).  A global block shares all its
+  entries (a BN layer: weight, bias and running statistics; never
+  ``num_batches_tracked``).  Examples: SmallCNN N = 2 is ``conv3``, ``norm3``
+  and ``classifier``; AlexNet N = 3 is ``fc1``/``bn6``, ``fc2``/``bn7`` and
+  ``fc3``; LeNet N = 1 is ``fc3`` (``--show-manifest`` lists exactly what
+  travels).  The paper's description (top layers global) is followed; note
+  that the authors' CIFAR-10 CNN lists its ``weight_keys`` as fc1, fc2, fc3,
+  conv2, conv1, so there ``--num_layers_keep 2`` makes the two *conv* layers
+  global.
 * **Down/up**: the global layers' entries only; everything else never
   leaves its client, including for clients not sampled in a round.
 * **Initialization**: every client starts from the same seeded initial
@@ -38,17 +37,8 @@ from __future__ import annotations
 
 from ..plan.config import Option
 from ..errors import MpiflError
+from ..models.structure import last_blocks
 from .fedavg import FedAvg
-
-
-def layer_modules(entries) -> list[str]:
-    """Names of the modules that own parameters, in state-dict order of their first entry."""
-    owners = []
-    for entry in entries:
-        owner = entry.key.rpartition(".")[0]
-        if entry.is_param and owner not in owners:
-            owners.append(owner)
-    return owners
 
 
 class LGFedAvg(FedAvg):
@@ -57,16 +47,16 @@ class LGFedAvg(FedAvg):
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("lg_global_layers", int, 1,
-               "LG-FedAvg: number of global (averaged) layers, counted from the model's end (1 = classifier)"),
+               "LG-FedAvg: number of global (averaged) blocks, counted back from the classifier (1 = classifier)"),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        layers = layer_modules(entries)
         n = cfg.opt("lg_global_layers")
-        if not 1 <= n <= len(layers):
-            raise MpiflError(f"--lg-global-layers must be in [1, {len(layers)}] for this model, got {n}")
-        self.global_layers = set(layers[-n:])
+        try:
+            self.global_blocks = last_blocks(entries, n)
+        except ValueError as exc:
+            raise MpiflError(f"--lg-global-layers: {exc}; pass a number from 1 (the classifier)") from None
 
     def shares(self, entry):
-        return entry.key.rpartition(".")[0] in self.global_layers and super().shares(entry)
+        return entry.block in self.global_blocks and super().shares(entry)

@@ -28,6 +28,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 
 from mpifl.models.fednn import AdaptiveGroupNorm
 from mpifl.models.perxan import PerXAN
+from mpifl.models.structure import block_of_keys, head_name
 
 NORM_MODULE_KINDS = frozenset({"bn", "gn", "ln", "in", "perxan", "agn"})
 BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
@@ -44,6 +45,9 @@ class StateEntry:
     shape: tuple[int, ...]
     dtype: torch.dtype
     part: str = ""  # side inside a composite norm: "bn" or "in" for perxan, else ""
+    block: str = ""  # the block (mpifl.models.structure) holding the entry, named by its first module
+    depth: int = -1  # that block's position in forward order, from 0 (-1: a model without a classifier)
+    is_head: bool = False  # in the final classifier, the last block
 
     @property
     def is_norm(self) -> bool:
@@ -112,10 +116,14 @@ def _perxan_part(modules: dict[str, nn.Module], owner_name: str, key: str) -> st
 
 
 def state_entries(model: nn.Module) -> list[StateEntry]:
-    """One entry per key of ``model.state_dict()``, in state-dict order."""
+    """One entry per key of ``model.state_dict()``, in state-dict order; with its block and whether it is in
+    the head when the model follows the registry's protocol (has a ``classifier``)."""
     modules = dict(model.named_modules(remove_duplicate=False))
+    state = model.state_dict()
+    structure = block_of_keys(model, list(state)) if hasattr(model, "classifier") else {}
+    head = head_name(model) if structure else None
     entries = []
-    for key, value in model.state_dict().items():
+    for key, value in state.items():
         owner_name, _, attr = key.rpartition(".")
         owner = modules[owner_name]
         params = dict(owner.named_parameters(recurse=False, remove_duplicate=False))
@@ -129,6 +137,9 @@ def state_entries(model: nn.Module) -> list[StateEntry]:
                 shape=tuple(value.shape),
                 dtype=value.dtype,
                 part=part,
+                block=structure[key][0] if structure else "",
+                depth=structure[key][1] if structure else -1,
+                is_head=head is not None and key.startswith(head + "."),
             )
         )
     return entries

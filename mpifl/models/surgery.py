@@ -267,6 +267,7 @@ def insert_after(model: nn.Module, names: list[str], make: Callable[[int], nn.Mo
     if hasattr(model, attr):
         raise ValueError(f"{type(model).__name__} already has an attribute {attr!r}")
     layers = nn.ModuleList(make(output_channels(model, n)) for n in names)
+    layers.inserted_after = tuple(names)  # where each layer acts: its block (mpifl.models.structure)
     model.add_module(attr, layers)
     for name, layer in zip(names, layers):
         model.get_submodule(name).register_forward_hook(_ApplyAfter(layer))

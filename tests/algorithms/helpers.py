@@ -12,12 +12,12 @@ from mpifl.models import build_model, state_entries
 from ..conftest import run_here
 
 
-def make_algo(name, cfg_kw=None, *, model="smallcnn", **options):
+def make_algo(name, cfg_kw=None, *, model="smallcnn", image_size=(28, 28), **options):
     """(algorithm, model): ``cfg_kw`` sets RunConfig fields, ``options`` the method's options."""
     cls = get_algorithm(name)
     cfg = RunConfig(algo=name, **(cfg_kw or {}),
                     algo_options={**{o.name: o.default for o in cls.options}, **options})
-    net = build_model(model, num_classes=10, norm=cls.norm, conv=cls.conv)
+    net = build_model(model, num_classes=10, image_size=image_size, norm=cls.norm, conv=cls.conv)
     return cls(cfg, state_entries(net)), net
 
 

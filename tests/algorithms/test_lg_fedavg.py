@@ -1,17 +1,17 @@
-"""LG-FedAvg: the last N layers are global (averaged), the rest of each model stays on its client."""
+"""LG-FedAvg: the last N blocks are global (averaged), the rest of each model stays on its client."""
 
 import numpy as np
 import pytest
 import torch
 
 from mpifl.algorithms import Uploads
-from mpifl.algorithms.lg_fedavg import layer_modules
+from mpifl.models import MODEL_NAMES
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
 from .helpers import client_meta, make_algo, run_two_rounds
 
-SMALLCNN_LAYERS = ["conv1", "norm1", "conv2", "norm2", "conv3", "norm3", "classifier"]
+SMALLCNN_BLOCKS = ["conv1", "conv2", "conv3", "classifier"]
 
 
 def _uploads(tensors, samples):
@@ -19,9 +19,18 @@ def _uploads(tensors, samples):
                    tensors=tensors)
 
 
-def test_layers_are_parametrized_modules_in_state_dict_order():
+def test_blocks_are_layers_with_their_norms_in_forward_order():
     algo, _ = make_algo("lg-fedavg")
-    assert layer_modules(algo.entries) == SMALLCNN_LAYERS
+    assert list(dict.fromkeys(e.block for e in algo.entries)) == SMALLCNN_BLOCKS
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_one_global_layer_is_exactly_the_classifier_on_every_model(model):
+    """LeNet registers bn1 and bn2 after its classifier: counting from the state dict's end would share bn2."""
+    size = {"lenet": (32, 32), "digitmodel": (28, 28)}.get(model, (64, 64))
+    algo, net = make_algo("lg-fedavg", {"model": model}, model=model, image_size=size)
+    head = {f"{name}.{p}" for name, module in net.named_modules() if module is net.classifier for p in ("weight", "bias")}
+    assert set(algo.shared_keys) == head
 
 
 def test_default_shares_only_the_classifier_and_keeps_the_rest_private():
@@ -33,20 +42,20 @@ def test_default_shares_only_the_classifier_and_keeps_the_rest_private():
     assert algo.evaluates == ("personal",)
 
 
-def test_three_global_layers_include_a_norm_with_its_statistics_but_not_its_step_counter():
-    algo, _ = make_algo("lg-fedavg", lg_global_layers=3)
+def test_two_global_blocks_include_a_norm_with_its_statistics_but_not_its_step_counter():
+    algo, _ = make_algo("lg-fedavg", lg_global_layers=2)
     assert algo.shared_keys == ["conv3.weight", "conv3.bias", "norm3.weight", "norm3.bias", "norm3.running_mean",
                                 "norm3.running_var", "classifier.weight", "classifier.bias"]
     assert "norm3.num_batches_tracked" in algo.private_keys and "conv2.weight" in algo.private_keys
 
 
 def test_all_layers_global_is_fedavg():
-    lg, _ = make_algo("lg-fedavg", lg_global_layers=len(SMALLCNN_LAYERS))
+    lg, _ = make_algo("lg-fedavg", lg_global_layers=len(SMALLCNN_BLOCKS))
     fedavg, _ = make_algo("fedavg")
     assert lg.policy() == fedavg.policy()
 
 
-@pytest.mark.parametrize("n", [0, len(SMALLCNN_LAYERS) + 1])
+@pytest.mark.parametrize("n", [0, len(SMALLCNN_BLOCKS) + 1])
 def test_bad_number_of_global_layers(n):
     with pytest.raises(MpiflError, match="--lg-global-layers"):
         make_algo("lg-fedavg", lg_global_layers=n)
