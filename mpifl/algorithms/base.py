@@ -17,8 +17,11 @@ from FedAvg.  The runtime owns the loop; the method supplies:
 * **its model changes** beyond those two: :meth:`adapt_model` (layers a method
   inserts, e.g. MixStyle);
 * **client hooks**: :meth:`make_optimizer`, :meth:`begin_local`,
-  :meth:`batch_loss` (by default cross-entropy plus :meth:`extra_loss`),
-  :meth:`after_backward`, :meth:`end_local`;
+  :meth:`local_epochs` and :meth:`trainable` (which parameters train in
+  which local epoch: freezing), :meth:`batch_loss` (by default
+  cross-entropy plus :meth:`extra_loss`), :meth:`after_backward`,
+  :meth:`end_local`, and :meth:`personalize` (fine-tuning before a personal
+  model is evaluated);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images);
 * **the server rule**: :meth:`init_server`, :meth:`download`, :meth:`aggregate`
@@ -264,8 +267,18 @@ class Algorithm:
         (per-round layer settings, e.g. FedNN's temperature, must be those of that round)."""
 
     def train_mode(self, model: nn.Module) -> None:
-        """Put the model in training mode for local training (a method may freeze layers here)."""
+        """Put the model in training mode for local training (a method may put layers in eval mode here)."""
         model.train()
+
+    def local_epochs(self) -> int:
+        """Local epochs of a round: ``--local-epochs`` (FedRep adds its head epochs)."""
+        return self.cfg.local_epochs
+
+    def trainable(self, entry: StateEntry, epoch: int) -> bool:
+        """Whether parameter ``entry`` trains in local epoch ``epoch`` (from 0) of a round; a frozen one gets no
+        gradient, so the optimizer leaves it as it is (no step, no weight decay).  Applied by the local loop
+        before every epoch.  Default: every parameter trains."""
+        return True
 
     def make_optimizer(self, model: nn.Module, round_index: int) -> torch.optim.Optimizer:
         """Fresh local SGD each round: ``--lr``, ``--momentum``, ``--weight-decay``."""
@@ -304,8 +317,9 @@ class Algorithm:
     def personalize(self, client: ClientState, model: nn.Module, fit) -> None:
         """Turn the loaded personal model (download + the client's private state) into the one evaluated, on
         the client's rank before each personal evaluation (fine-tuning, e.g. FedBABU).  ``fit(optimizer,
-        epochs)`` runs the runtime's local training loop (this method's loss and hooks) on the client's
-        training split, seeded by (seed, client, round evaluated).  What it changes lasts for this evaluation
+        epochs, trainable=None)`` runs the runtime's local training loop (this method's loss and hooks; its
+        :meth:`trainable` unless another rule is given) on the client's training split, seeded by (seed,
+        client, round evaluated).  What it changes lasts for this evaluation
         only: the private state is untouched.  Default: evaluate the model as loaded."""
 
     def end_local(self, client: ClientState, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -146,15 +146,16 @@ class ClientHost:
         return upload
 
     def _fitter(self, client: ClientState, round_index: int):
-        """``fit(optimizer, epochs)`` for :meth:`Algorithm.personalize`: the local training loop on the client's
-        training split, on the model as loaded, seeded by (seed, client, the round evaluated)."""
+        """``fit(optimizer, epochs, trainable=None)`` for :meth:`Algorithm.personalize`: the local training loop
+        on the client's training split, on the model as loaded, seeded by (seed, client, the round evaluated);
+        ``trainable(entry, epoch)`` replaces the method's own freezing rule."""
         cfg = self.session.cfg
 
-        def fit(optimizer: torch.optim.Optimizer, epochs: int) -> None:
+        def fit(optimizer: torch.optim.Optimizer, epochs: int, trainable=None) -> None:
             rng, torch_seed = personalization_seeds(cfg.seed, client.id, round_index)
             torch.manual_seed(torch_seed)
             train_local(self.model, self.algo, client, self.data[client.id], optimizer, epochs, cfg.batch_size,
-                        rng, round_index, self.precision)
+                        rng, round_index, self.precision, trainable)
 
         return fit
 

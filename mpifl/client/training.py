@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
+from ..models import StateEntry
 from ..plan.config import RunConfig
 from ..plan.seeding import client_rng, client_torch_seed
 from .client_data import ClientData
@@ -31,16 +32,24 @@ class TrainStats:
 
 def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: ClientData,
                 optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
-                rng: np.random.Generator, round_index: int, precision: Precision = FP32) -> TrainStats:
+                rng: np.random.Generator, round_index: int, precision: Precision = FP32,
+                trainable: Callable[[StateEntry, int], bool] | None = None) -> TrainStats:
     """E epochs of mini-batch SGD on the client's train split.
 
     Loss = the algorithm's batch loss (CE plus the method's terms), with
-    the algorithm's gradient corrections between backward and step.  A
+    the algorithm's gradient corrections between backward and step.  Before
+    each epoch, the parameters that ``trainable(entry, epoch)`` (default: the
+    method's :meth:`Algorithm.trainable`) freezes stop taking gradients.  A
     non-finite loss stops the run: checked once per epoch (one device sync).
     """
     algo.train_mode(model)
+    trainable = trainable or algo.trainable
+    entries = {e.key: e for e in algo.entries}
+    parameters = list(model.named_parameters())
     stats = TrainStats(0, 0.0, 0, 0)
     for epoch in range(epochs):
+        for key, parameter in parameters:
+            parameter.requires_grad_(trainable(entries[key], epoch))
         loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
         correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
         seen = 0
@@ -98,7 +107,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
     algo.begin_local(client, model, download)
     optimizer = algo.make_optimizer(model, round_index)
-    stats = train_local(model, algo, client, data, optimizer, cfg.local_epochs, cfg.batch_size,
+    stats = train_local(model, algo, client, data, optimizer, algo.local_epochs(), cfg.batch_size,
                         client_rng(cfg.seed, client.id, round_index), round_index, precision)
     copy_all([client.private[k] for k in algo.private_keys], [slots[k] for k in algo.private_keys])
     upload = {k: slots[k] for k in algo.uploaded_keys}
