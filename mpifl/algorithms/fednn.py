@@ -9,8 +9,8 @@ put on top of an FL method (Table 2: "FedAvg+Ours", "FedProx+Ours"); its
 results are those of the global model (section 4.5), so ``evaluates`` is
 ("global",).
 
-Protocol, section 3 eq. (2) and the authors' code (``myeongkyunkang/FedNN``,
-DESIGN.md section 5): the whole state is averaged with weights ``n_k / sum
+Protocol, section 3 eq. (2) and the authors' public code (``myeongkyunkang/FedNN``):
+the whole state is averaged with weights ``n_k / sum
 n_k`` (``--uniform-weights`` for equal weights): parameters, the AGN
 selection logits and BN-side running statistics included.  The choices:
 

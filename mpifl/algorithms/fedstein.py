@@ -11,11 +11,11 @@ Sections 2.3, 3.2-3.3 and Algorithm 1 of the paper.  Per state entry:
   count, by :func:`~mpifl.models.james_stein` (sigma^2 the biased variance
   across the vector's channels, factor clamped at 0, computed in float64 on
   the float64 mean; that function's docstring states why it follows eq. (9)
-  as printed rather than DESIGN.md section 5's extra ``c/(c+1)``).  The shrunk
+  as printed rather than with JSNorm's extra ``c/(c+1)``).  The shrunk
   statistics are the global ones sent down;
 * BN ``weight`` and ``bias`` never leave the client (line 19, "do not
   aggregate BN parameters"; section 3.3 "keeping the learned BN parameters
-  local"); ``num_batches_tracked`` stays local too (DESIGN.md section 5).
+  local"); ``num_batches_tracked`` stays local too (a step counter, README "How a run works").
 
 **JSNorm in local training** (section 3.2: "the batch mean mu_B and variance
 sigma_B^2 are adjusted using the James-Stein estimator"; section 2.3: "the
@@ -31,8 +31,7 @@ running means toward 0 (the factor is about 2/c for means centred near 0):
 on styledigits with SmallCNN, 8 rounds, lr 0.05, personal test accuracy was
 14 % that way against 51 % with JSNorm (FedBN: 49 %).
 
-Where the paper is silent or ambiguous (FedStein has no public code,
-DESIGN.md section 5):
+Where the paper is silent or ambiguous (FedStein has no public code):
 
 * **Weights.**  Algorithm 1 writes a plain ``1/K`` mean; the text says
   FedStein "adheres to the FedAvg protocols for server aggregation".  As the

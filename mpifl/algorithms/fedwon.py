@@ -4,7 +4,7 @@ Section 3 of the paper: every normalization layer is removed (``norm="none"``)
 and every convolution is reparameterized with scaled weight standardization,
 eq. (3), in the form of its Listing 1 (``conv="ws"``,
 :class:`~mpifl.models.wsconv.WSConv2d`: gain per output channel, eps 1e-4,
-fan-in scaling, xavier-normal init; DESIGN.md section 5).  Fully connected
+fan-in scaling, xavier-normal init; no public code exists).  Fully connected
 layers stay plain.  Client training and server aggregation follow FedAvg
 (appendix A.3): every model entry goes down and comes back, the server takes
 the weighted mean (sample count, or ``--uniform-weights`` as FedBN's code, on
@@ -20,7 +20,7 @@ rescaled to ``lambda * max(||W_i||_F, 1e-3) / ||G_i||_F * G_i`` when
 ``||G_i||_F / max(||W_i||_F, 1e-3) > lambda``
 (:func:`~mpifl.models.agc.adaptive_clip_`, which states the NF-Nets unit rule
 for biases and WSConv gains).  The final classifier (``model.classifier``) is
-not clipped, as in NF-Nets (DESIGN.md section 5).  The clipped gradient is
+not clipped, as in NF-Nets (Brock et al., 2021b), which FedWon follows.  The clipped gradient is
 what plain SGD (``--momentum``, ``--weight-decay`` as given) then applies.
 
 ``--agc-clip LAMBDA`` sets the threshold; ``0`` turns AGC off.  Left unset

@@ -11,14 +11,14 @@ as in FedAvg.
 ``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
 global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient).
-``--guide-lambda`` defaults to 0.5, the authors' code (DESIGN 5; the paper
+``--guide-lambda`` defaults to 0.5, the authors' public code (the paper
 searches [0, 1] in steps of 0.25).
 
 **Evaluation.**  Source clients are evaluated with their personal models.
 For leave-one-domain-out (``--holdout``) the paper builds the global model
 "by averaging all model parameters of clients" at inference (section 3.1),
 and the authors' code tests the held-out domain with BN sides averaged over
-clients (DESIGN 5).  So, only when a domain is held out, participating
+clients.  So, only when a domain is held out, participating
 clients also upload their BN sides (running statistics and affine, not the
 step counter); the server averages them and sends the average down under
 ``gperxan.global_bn/<key>``, used *only* to assemble the global model that

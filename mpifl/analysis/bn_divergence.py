@@ -1,6 +1,6 @@
 """BN running-statistic divergence between clients and between a client and the server, per BN layer.
 
-FedWon (paper 000) Fig. 1b and Fig. 12 plot the channel-wise running means
+FedWon (Zhuang & Lyu, ICLR 2024) Fig. 1b and Fig. 12 plot the channel-wise running means
 and variances of the BN layers of a 6-layer CNN for two clients of different
 domains, and for a client and the server, to show that they differ (the
 motivation for removing BN).  The paper shows the curves only; it defines no

@@ -1,6 +1,6 @@
 """Cosine similarity of last-conv feature maps between client models and with the server model.
 
-FedWon (paper 000) Fig. 5 compares the feature maps of the last convolution
+FedWon (Zhuang & Lyu, ICLR 2024) Fig. 5 compares the feature maps of the last convolution
 layer of two client local models and the server's global model on
 Office-Caltech-10, and tabulates "the average cosine similarity of all
 feature maps" between client models (C<->C) and between the server model and

@@ -1,4 +1,4 @@
-"""Node-local GPU binding and per-rank CPU threads (DESIGN 1)."""
+"""Node-local GPU binding and per-rank CPU threads (README, "How a run works")."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ name                size     split
                              so (``test_overlaps_train``).  Without the lists: a seeded stratified
                              70/10/20 train/val/test split per domain (an mpifl choice for
                              multi-domain FL, where every client is tested on its own domain).
-                             224 px as in gPerXAN (DESIGN.md section 5); the images are 227 px.
+                             224 px as in gPerXAN's public code; the images are 227 px.
 ``office_caltech``  256      no official split.  Seeded stratified 72/8/20: test 20 % as in
                              FedBN's 80/20 stratified Digits preprocessing (its Office-Caltech
                              split ships only as pickles), then 10 % of the train part as val

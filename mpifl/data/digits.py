@@ -35,7 +35,7 @@ files); every other source is read as plain arrays.  Then train is the
 concatenation of the partitions (in ``k`` order) and test is ``test.pkl``.
 All present domains must use the same kind of source.
 
-Protocol (FedBN, Li et al. ICLR 2021; DESIGN.md section 5):
+Protocol (FedBN, Li et al. ICLR 2021, as its public code prepares Digits-Five):
 
 * images to ``S x S x 3`` (default 28): Pillow bilinear (antialiased, as
   torchvision's ``Resize([28, 28])`` in FedBN), grayscale replicated;

@@ -1,6 +1,6 @@
 """Adaptive gradient clipping (AGC), FedWon eq. (4) after NF-Nets.
 
-FedWon (paper 000, appendix A.3 "Implementation and Training Details") clips,
+FedWon (Zhuang & Lyu, ICLR 2024, appendix A.3 "Implementation and Training Details") clips,
 for each layer ``l`` and each row ``i`` of its weight ``W^l`` and gradient
 ``G^l``, eq. (4)::
 
@@ -27,8 +27,8 @@ and the AGC clip function):
   of the squeezed shape, which differs only for the WSConv gain (per-element
   there, whole-vector here); the reference is followed.
 * **Which parameters**: all, except what the caller names in ``exclude``.
-  NF-Nets does not clip the final classifier layer, and neither does FedWon
-  (DESIGN.md section 5); the caller passes ``exclude=model.classifier``.
+  NF-Nets (Brock et al., 2021b) does not clip the final classifier layer;
+  FedWon, which follows NF-Nets, is taken to do the same; the caller passes ``exclude=model.classifier``.
 * **Comparison**: clipped where ``||G_i|| > lambda * ||W_i||*`` (strict, as
   eq. (4) and NF-Nets); the clipped row is ``G_i * (lambda * ||W_i||* /
   max(||G_i||, 1e-6))``, the ``1e-6`` guard being NF-Nets'.  Rows that are

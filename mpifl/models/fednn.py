@@ -1,14 +1,15 @@
 """FedNN's weight normalization (WN) conv and Adaptive Group Normalization (AGN).
 
-FedNN (Kang et al., paper 002), section 3.  Where the paper is silent or its
+FedNN (Kang, Kim, Jin, Adeli, Pohl & Park, 2024, Pattern Recognition, "FedNN: Federated learning on
+concept drift data using weight and adaptive group normalizations"), section 3.  Where the paper is silent or its
 equations differ from the authors' public code (``myeongkyunkang/FedNN``,
-``Models.py``; DESIGN.md section 5), each choice is stated below.
+``Models.py``), each choice is stated below.
 
 WN conv, section 3.1, eq. (4)
 -----------------------------
 The paper writes ``theta_hat = (theta - mu) / sigma`` per output channel with
-``sigma = sqrt(biased var + eps)``.  The public code, which DESIGN.md section 5
-prescribes, computes ``(w - mean) / (std + 1e-5)`` with torch's default
+``sigma = sqrt(biased var + eps)``.  The public code, which produced the paper's
+numbers, computes ``(w - mean) / (std + 1e-5)`` with torch's default
 **unbiased** ``std`` and ``eps`` outside the square root; :class:`WNConv2d`
 does exactly that.  Up to the eps placement the two differ by the factor
 ``sqrt((m - 1) / m)``, the same for every output channel (``m`` = fan-in),
@@ -30,7 +31,7 @@ AGN, section 3.2, eqs. (5)-(10)
   store them in the opposite order).
 * Mixing, eq. (10): ``mu = s0 mu_BN + s1 mu_GN`` and ``sigma = s0 sigma_BN +
   s1 sigma_GN`` with ``sigma = sqrt(var + eps)`` (eq. (5)): the paper mixes
-  **standard deviations**.  The public code (and DESIGN.md) mixes the
+  **standard deviations**.  The public code mixes the
   *variances*, ``sqrt(s0 var_BN + s1 var_GN + eps)``; ``mix="var"`` selects
   that.  The default is the paper's ``mix="std"``.  Both agree whenever the
   selection is one-hot.
@@ -48,7 +49,7 @@ AGN, section 3.2, eqs. (5)-(10)
   which makes evaluation random; mpifl's evaluation stays deterministic).
 * Temperature: ``tau`` is a plain attribute, not state: the algorithm sets it
   at each round start (:func:`set_agn_tau`; FedNN decays it linearly from 5 to
-  about 0, DESIGN.md section 5).  It must stay positive.
+  about 0, as its public code does).  It must stay positive.
 * Freezing (public code): in training, once a Gumbel-softmax draw is exactly
   one-hot (``max - min >= 1``, as the code tests), the choice is frozen: from
   then on the one-hot is the selection, no noise, no gradient to the logits.

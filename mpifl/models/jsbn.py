@@ -1,4 +1,5 @@
-"""FedStein's James-Stein shrinkage of BN statistics (paper 003, eq. (9)).
+"""FedStein's James-Stein shrinkage of BN statistics (Gupta, Jangid & Sethi, 2024, arXiv, "FedStein:
+Enhancing Multi-Domain Federated Learning Through James-Stein Estimator", eq. (9)).
 
 FedStein (section 2.3, eq. (9); Algorithm 1, lines 21-24) shrinks each
 client-averaged BN statistic vector ``theta`` (the running means, or the
@@ -6,23 +7,23 @@ running variances, of one BN layer: ``c`` channels) toward 0::
 
     theta_JS = (1 - (c - 2) * sigma^2 / ||theta||_2^2) * theta          (9)
 
-Choices, and where they differ from DESIGN.md section 5:
+Choices, and where they differ from the James-Stein normalization FedStein builds on:
 
-* **The formula is eq. (9) as printed.**  DESIGN.md's factor
+* **The formula is eq. (9) as printed.**  The factor
   ``1 - (c-2) * sigma^2 * c/(c+1) / ||theta||^2`` carries an extra ``c/(c+1)``
   taken from the James-Stein normalization work FedStein builds on
   (Khoshsirat & Kambhamettu, its ref. [24]); neither eq. (8), eq. (9) nor
-  Algorithm 1 has it, and FedStein has no public code, so the paper wins
-  (as the issue asks).  ``jsnorm_scale=True`` gives DESIGN's variant.  The
+  Algorithm 1 has it, and FedStein has no public code, so the paper wins.
+  ``jsnorm_scale=True`` gives the JSNorm variant.  The
   two factors differ by ``(c-2) sigma^2 / ||theta||^2 / (c+1)``, under 1 %
   for layers of 64+ channels.
 * **sigma^2**: the paper only says "the variance"; Algorithm 1 writes
   ``sigma^2_{mu_B,agg}`` / ``sigma^2_{sigma_B,agg}``, the variance *of the
-  aggregated vector*, i.e. across its ``c`` entries.  As DESIGN.md (after
-  [24]): the biased ``1/c`` variance across channels of ``theta`` itself.
+  aggregated vector*, i.e. across its ``c`` entries.  As in [24]: the
+  biased ``1/c`` variance across channels of ``theta`` itself.
   A ``sigma2`` argument overrides it.
 * **Sign**: the factor is clamped at 0 (positive-part James-Stein) so the
-  estimate never flips sign (DESIGN.md; the paper is silent).  With the
+  estimate never flips sign (the paper is silent).  With the
   default ``sigma^2`` the clamp never binds: ``c * sigma^2 <= ||theta||^2``,
   so the factor is at least ``2 / c`` (``3 / (c + 1)`` with ``jsnorm_scale``);
   it matters only for an explicit ``sigma2``.

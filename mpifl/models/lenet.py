@@ -1,4 +1,4 @@
-"""FedNN's LeNet (paper 002 section 4; public code ``myeongkyunkang/FedNN``).
+"""FedNN's LeNet (Kang et al., 2024, Pattern Recognition, section 4; public code ``myeongkyunkang/FedNN``).
 
 FedNN uses "LeNet [31]" for CIFAR10-C and Digit at 3 x 32 x 32 and "place[s]
 BN and GN after each convolution layer"; with FedNN, "WN [on] all

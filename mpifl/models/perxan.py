@@ -1,6 +1,7 @@
 """gPerXAN's eXplicitly Assembled Normalization (XAN / PerXAN).
 
-gPerXAN (paper 004), section 3.1, eq. (2)::
+gPerXAN (Le, Ho, Do, Le-Phuoc & Wong, CVPR 2024, "Efficiently Assemble Normalization Layers
+and Regularization for Federated Domain Generalization"), section 3.1, eq. (2)::
 
     h_hat = w_in * (gamma_in (h - mu_in) / sqrt(sigma_in^2 + eps) + beta_in)
           + w_bn * (gamma_bn (h - mu_bn) / sqrt(sigma_bn^2 + eps) + beta_bn)
@@ -8,7 +9,7 @@ gPerXAN (paper 004), section 3.1, eq. (2)::
 the *outputs* of an InstanceNorm and a BatchNorm mixed explicitly (not their
 statistics).  The paper only says ``w_in``, ``w_bn`` are "ratios ... randomly
 initialized"; the authors' public code (``lhkhiem28/gPerXAN``,
-``eXplicitOptimizedNorm2d``; DESIGN.md section 5) is followed:
+``eXplicitOptimizedNorm2d``) is followed:
 
 * ``(w_bn, w_in) = softmax([bn_score, in_score])``, two scalar logits of
   shape ``(1,)`` initialised to **1.0** (so 0.5 / 0.5 at start);

@@ -1,7 +1,7 @@
 """Model registry: ``--model NAME`` -> a built ``nn.Module``.
 
-Every model follows one protocol (DESIGN.md section 3: algorithms pick the
-norm and share by state-dict key): ``encode(x)`` returns the (B, D) features
+Every model follows one protocol (algorithms pick the norm and share by
+state-dict key, README "Algorithms"): ``encode(x)`` returns the (B, D) features
 before the final classifier, ``classifier`` is that final ``nn.Linear``, and
 ``forward(x) == classifier(encode(x))``.  Weights use torch's default
 initialisation, so a model is reproducible under ``torch.manual_seed``.

@@ -34,8 +34,7 @@ MobileNetV2 pass ``norm_layer=lambda c: make_norm(norm, c)`` to torchvision's
 constructor (the hook gPerXAN's code uses); DenseNet has no hook, so its
 BatchNorms are replaced after construction by
 :func:`~mpifl.models.surgery.replace_norms`, under the same names.  Every
-BatchNorm is replaced, as gPerXAN's public code does for ResNet-50 (DESIGN.md
-section 5); the paper's text replaces only the first blocks ("the first four
+BatchNorm is replaced, as gPerXAN's public code does for ResNet-50; the paper's text replaces only the first blocks ("the first four
 and first two blocks", "the first dense block and the following transition
 block"), which :func:`~mpifl.models.surgery.replace_norms` can do with its
 ``select`` argument on a BN model.  ``gn`` follows FedWon (32 groups, 8 under

@@ -1,6 +1,7 @@
 """FedWon's scaled weight-standardized convolution (WSConv).
 
-FedWon (Zhuang & Lyu, paper 000) removes every normalization layer and
+FedWon (Zhuang & Lyu, ICLR 2024, "FedWon: Triumphing Multi-domain Federated Learning Without
+Normalization") removes every normalization layer and
 reparameterizes each convolution with scaled weight standardization
 (Brock et al., 2021a), section 3, eq. (3)::
 
@@ -9,8 +10,8 @@ reparameterizes each convolution with scaled weight standardization
 with ``i`` the output channel, ``N`` the fan-in and ``mu_i``, ``sigma_i^2``
 the mean and variance of row ``i``.  This module follows the paper's exact
 implementation, **appendix A.3, Listing 1** (``class WSConv(nn.Conv2d)``),
-where eq. (3) and the listing disagree (DESIGN.md section 5: "WSConv per the
-paper's Listing 1"):
+where eq. (3) and the listing disagree (no public code exists; the listing is what the
+authors ran):
 
 * ``mean = W.mean(dims 1,2,3)``; ``var = torch.var(W, dims 1,2,3)``, torch's
   default **unbiased** variance (eq. (3) writes the biased ``1/N`` one);

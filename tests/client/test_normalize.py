@@ -1,4 +1,4 @@
-"""FedRDN and the normalization choices (paper 001, eqs. 5-8)."""
+"""FedRDN and the normalization choices (Yan et al., 2023, arXiv, eqs. 5-8)."""
 
 import numpy as np
 import pytest

@@ -12,7 +12,7 @@ def test_factor_by_hand():
     # c = 4, biased variance across channels 1.25, ||theta||^2 = 30
     assert james_stein_factor(theta).item() == pytest.approx(1 - 2 * 1.25 / 30)
     torch.testing.assert_close(james_stein(theta), theta * (11 / 12))
-    # DESIGN.md's variant with c/(c+1): 1 - 2 * 1.25 * 4/5 / 30
+    # JSNorm's variant with c/(c+1): 1 - 2 * 1.25 * 4/5 / 30
     assert james_stein_factor(theta, jsnorm_scale=True).item() == pytest.approx(14 / 15)
     torch.testing.assert_close(james_stein(theta, jsnorm_scale=True), theta * (14 / 15))
 
