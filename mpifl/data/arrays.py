@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from mpifl.errors import MpiflError
-from mpifl.data.folders import SPLIT_SEED, stratified_split
+from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.data.staging import staged_dataset
 from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.shard import SPLITS, ShardWriter

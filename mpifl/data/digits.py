@@ -68,7 +68,8 @@ import numpy as np
 from mpifl.errors import MpiflError
 from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size,
                                convert_arrays, seeded_split, split_rule, to_rgb, visible_dirs)
-from mpifl.data.folders import SPLIT_SEED, _workers, load_image
+from mpifl.data.images import load_image, workers
+from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.manifest import DatasetManifest
 from mpifl.data.staging import source_dir
 
@@ -233,7 +234,7 @@ def _load_mnistm(lists: dict, size: int):
             rows.append((path, label))
         if not rows:
             raise MpiflError(f"{labels_txt} lists no images; unpack mnist_m.tar.gz again")
-        with ThreadPoolExecutor(max_workers=_workers()) as pool:
+        with ThreadPoolExecutor(max_workers=workers()) as pool:
             images = np.stack(list(pool.map(lambda p: load_image(p, size), [p for p, _ in rows])))
         parts.append((images, np.array([label for _, label in rows], np.int64)))
     return parts

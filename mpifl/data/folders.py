@@ -34,57 +34,38 @@ to :func:`convert_folders`.  The conversion is the same for all of them:
    When lists or folders give train and test but no val, val is a seeded
    stratified fraction (``FolderSpec.val_fraction``) of the train rows.
    Rows of a seeded split are written sorted by class, then file name.
-4. **Decode and write**: Pillow decodes each image (EXIF orientation is not
-   applied, as in torchvision's loader), converts it to RGB (alpha dropped,
-   palette and grayscale expanded) and resizes it **once** to ``S x S`` with
-   ``BILINEAR`` (Pillow's bilinear is antialiased: its kernel widens by the
-   scale factor when shrinking), the aspect ratio not kept (as FedBN's
-   ``Resize([256, 256])``); an image already ``S x S`` is not resampled.
-   A thread pool decodes (Pillow releases the GIL while decoding and
-   resampling) at most two batches of about :data:`BATCH_BYTES` ahead of the
-   HDF5 writer, so memory stays bounded whatever the domain's size.
+4. **Decode and write**: every image decoded to RGB and resized once to
+   ``S x S`` (:mod:`mpifl.data.images`), a thread pool at most two batches
+   ahead of the HDF5 writer, so memory stays bounded whatever the domain's
+   size.
 5. **Atomic result**: shards and ``manifest.json`` are written into a
    temporary folder under ``--out`` that is renamed onto ``<out>/<name>``
    only when everything succeeded (replacing an earlier prepared copy, never
    a folder holding anything else); on any error or interrupt the temporary
    folder is deleted, so no shard is left behind.
 
-Steps 4 and 5 are :func:`write_listed`, which the converters of image files
-listed in a CSV table (:mod:`mpifl.data.camelyon`, :mod:`mpifl.data.isic`,
-:mod:`mpifl.data.fairface`) share, with :func:`csv_rows`, :class:`FileIndex`
-and :func:`split_rows`.
+Steps 4 and 5 are :func:`mpifl.data.listed.write_listed`, which the
+converters of image files listed in a CSV table share; the seeded splits are
+:mod:`mpifl.data.splits`'.
 """
 
 from __future__ import annotations
 
-import csv
-import os
 import time
-import zlib
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
-
-import numpy as np
-from PIL import Image
+from typing import Callable
 
 from mpifl.errors import MpiflError
-from mpifl.data.staging import check_target, staged_dataset
-from mpifl.data.manifest import DatasetManifest, build_manifest
-from mpifl.data.shard import SPLITS, ShardWriter
+from mpifl.data.images import RESIZE_NOTE
+from mpifl.data.listed import ListedDomain, write_listed
+from mpifl.data.manifest import DatasetManifest
+from mpifl.data.shard import SPLITS
+from mpifl.data.splits import SPLIT_SEED, split_rows, stratified_split
+from mpifl.data.staging import check_target
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff",
                               ".webp"})
-#: Base seed of every seeded split (train/val/test cut and val carved from train).
-SPLIT_SEED = 20_240_601
-#: Decoded pixels per batch handed to the writer (two batches are decoded ahead).
-BATCH_BYTES = 32 << 20
-#: How images are decoded and resized (the manifest's ``protocol["resize"]``).
-RESIZE_NOTE = ("decoded with Pillow, converted to RGB, resized once to SxS (bilinear, antialiased, "
-               "aspect ratio not kept)")
-_BILINEAR = getattr(Image, "Resampling", Image).BILINEAR
 _SPLIT_DIR_NAMES = {"train": ("train",), "val": ("crossval", "val"), "test": ("test",), "full": ("full",)}
 
 
@@ -159,107 +140,6 @@ class DomainPlan:
     rule: str = ""
     overlap: bool = False
     skipped: int = 0  # images on disk named by no split list
-
-
-# ---------------------------------------------------------------- decoding
-
-
-def load_image(path, size: int, fix: str | None = None) -> np.ndarray:
-    """The image at ``path`` as uint8 ``size x size x 3``: RGB, resized once (bilinear, antialiased).
-
-    ``fix`` ends the error message for an unreadable image (default: replace or delete the file).
-    """
-    fix = fix or "replace or delete the file and run prepare again"
-    try:
-        with Image.open(path) as image:
-            rgb = image.convert("RGB")
-        if rgb.size != (size, size):
-            rgb = rgb.resize((size, size), _BILINEAR)
-        pixels = np.asarray(rgb, dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
-        raise MpiflError(f"cannot read image {path} ({type(e).__name__}: {e}); {fix}") from None
-    if pixels.shape != (size, size, 3):
-        raise MpiflError(f"cannot read image {path} (decoded to shape {pixels.shape}); {fix}")
-    return pixels
-
-
-def _workers() -> int:
-    try:
-        return max(1, min(16, len(os.sched_getaffinity(0))))
-    except AttributeError:
-        return max(1, min(16, os.cpu_count() or 1))
-
-
-def _decoded_batches(pool: ThreadPoolExecutor, rows, size: int, batch: int, fix: str | None = None):
-    """Yield (images, labels) for ``rows`` in order, keeping two batches decoding ahead."""
-    pending = deque()
-    try:
-        for start in range(0, len(rows), batch):
-            chunk = rows[start:start + batch]
-            pending.append((chunk, [pool.submit(load_image, path, size, fix) for path, _ in chunk]))
-            if len(pending) > 2:
-                yield _collect(*pending.popleft())
-        while pending:
-            yield _collect(*pending.popleft())
-    finally:
-        for _, futures in pending:
-            for future in futures:
-                future.cancel()
-
-
-def _collect(chunk, futures):
-    images = np.stack([future.result() for future in futures])
-    return images, np.array([label for _, label in chunk], dtype=np.int64)
-
-
-# ---------------------------------------------------------------- splits
-
-
-def _rng(*key: str | int) -> np.random.Generator:
-    """A generator seeded from SPLIT_SEED and ``key`` (strings hashed with CRC-32)."""
-    words = [SPLIT_SEED] + [zlib.crc32(k.encode()) if isinstance(k, str) else int(k) for k in key]
-    return np.random.default_rng(words)
-
-
-def _cuts(n: int, fractions) -> list[int]:
-    """Cut points of ``n`` items at the cumulative ``fractions`` (rounded half up)."""
-    bounds, total = [0], 0.0
-    for f in fractions[:-1]:
-        total += f
-        bounds.append(min(n, int(np.floor(n * total + 0.5))))
-    bounds.append(n)
-    return bounds
-
-
-def stratified_split(groups: dict, fractions, key: tuple = ()) -> list[list]:
-    """Split every group (class -> list of items) by ``fractions``; return one item list per fraction.
-
-    Each group is permuted by a generator seeded from ``(SPLIT_SEED, *key,
-    group name)`` and cut at the cumulative fractions, rounded half up; the
-    parts keep the groups in sorted order and, within a group, the items'
-    given order.  Deterministic, disjoint and covering.
-    """
-    parts = [[] for _ in fractions]
-    for name in sorted(groups):
-        items = list(groups[name])
-        order = _rng(*key, str(name)).permutation(len(items))
-        bounds = _cuts(len(items), fractions)
-        for k in range(len(fractions)):
-            chosen = np.sort(order[bounds[k]:bounds[k + 1]])
-            parts[k].extend(items[i] for i in chosen)
-    return parts
-
-
-def split_rows(rows: list, classes, fractions, key: tuple) -> list[list]:
-    """A seeded stratified split of ``(path, label)`` rows by ``fractions``; one row list per fraction.
-
-    Rows are grouped by class name (``classes[label]``) and split with
-    :func:`stratified_split` under ``key``; every part keeps the rows' given order.
-    """
-    by_class: dict = {}
-    for i, (_, label) in enumerate(rows):
-        by_class.setdefault(classes[label], []).append(i)
-    return [[rows[i] for i in sorted(part)] for part in stratified_split(by_class, fractions, key)]
 
 
 def _carve_val(spec: FolderSpec, domain: Domain, train: list, classes: list) -> tuple[list, list]:
@@ -605,119 +485,3 @@ def convert_folders(spec: FolderSpec, src, out, size: int | None = None,
                for p in plans]
     return write_listed(spec.name, src, out, domains, classes, size, spec.source, _protocol(spec, plans),
                         log, started)
-
-
-# ---------------------------------------------------------------- listed image files
-
-
-@dataclass(frozen=True)
-class ListedDomain:
-    """One domain of image files to write as a shard.
-
-    ``rows`` maps every split to its ``(path, label)`` rows, in the order they
-    are written; ``source`` is the shard's ``source`` attribute.  ``shown`` and
-    ``note`` go into the progress line, after the domain id and after the
-    split sizes.  ``fix`` is the remedy for an unreadable image (default:
-    replace or delete the file).
-    """
-
-    id: str
-    source: str
-    rows: dict
-    shown: str = ""
-    note: str = ""
-    fix: str | None = None
-
-
-def csv_rows(path: Path, columns, fix: str, optional=()) -> Iterator[tuple[str, tuple]]:
-    """Yield ``(where, values)`` for every non-blank data row of the CSV file ``path``.
-
-    The header must name every one of ``columns``; ``values`` holds their
-    fields, stripped, then those of the ``optional`` columns (``None`` where
-    the header lacks one); other columns are ignored.  ``where`` is
-    ``"<path> line <n>"`` for error messages.  An unreadable file, a missing
-    column or a row with more or fewer fields than the header is an
-    :class:`MpiflError` ending in ``fix``.
-    """
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = [name.strip() for name in next(reader, [])]
-            missing = [c for c in columns if c not in header]
-            if missing:
-                have = f"its columns: {', '.join(header)}" if header else "it is empty"
-                raise MpiflError(f"{path} has no column '{missing[0]}' ({have}); {fix}")
-            index = [header.index(c) if c in header else None for c in (*columns, *optional)]
-            for fields in reader:
-                if not any(field.strip() for field in fields):
-                    continue
-                where = f"{path} line {reader.line_num}"
-                if len(fields) != len(header):
-                    raise MpiflError(f"{where} has {len(fields)} fields, its header {len(header)}; {fix}")
-                yield where, tuple(None if i is None else fields[i].strip() for i in index)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise MpiflError(f"cannot read {path} ({type(e).__name__}: {e}); {fix}") from None
-
-
-class FileIndex:
-    """Whether listed files exist, from one directory listing per folder.
-
-    Cheaper than a ``stat`` per file when a table lists hundreds of
-    thousands of files (Camelyon17's patches), notably on network file systems.
-    """
-
-    def __init__(self):
-        self._names: dict[str, frozenset] = {}
-
-    def __contains__(self, path) -> bool:
-        folder, name = os.path.split(os.fspath(path))
-        names = self._names.get(folder)
-        if names is None:
-            try:
-                names = frozenset(os.listdir(folder or "."))
-            except OSError:
-                names = frozenset()
-            self._names[folder] = names
-        return name in names
-
-
-def write_listed(name: str, src, out, domains, classes, size: int, source: str, protocol: dict,
-                 log: Callable[[str], None], started: float | None = None) -> DatasetManifest:
-    """Decode the image files ``domains`` list and write shards + manifest into ``<out>/<name>``.
-
-    The converters whose sources are image files (the image folders here, and
-    the CSV-listed Camelyon17, ISIC 2019 and FairFace) end with this: a thread
-    pool decodes and resizes (:func:`load_image`) at most two batches of about
-    :data:`BATCH_BYTES` ahead of the shard writer, so memory stays bounded
-    whatever the domain's size, and everything is written inside
-    :func:`~mpifl.data.staging.staged_dataset` (installed whole or not at all).
-    ``started`` is when the conversion began (for the final timing line).
-    """
-    src, out = Path(src), Path(out)
-    started = time.monotonic() if started is None else started
-    total = sum(len(rows) for d in domains for rows in d.rows.values())
-    with staged_dataset(out, name, src) as built:
-        batch = max(16, min(4096, BATCH_BYTES // (size * size * 3)))
-        with ThreadPoolExecutor(max_workers=_workers()) as pool:
-            try:
-                for domain in domains:
-                    _write_domain(name, domain, classes, built, size, pool, batch, log)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-        build_manifest(built.parent, name, source=f"{source}; converted from {src.resolve()}",
-                       protocol=protocol)
-    log(f"{name}: converted {total} images at {size}x{size} in {time.monotonic() - started:.1f} s")
-    return DatasetManifest.load(out, name)
-
-
-def _write_domain(name: str, domain: ListedDomain, classes, directory: Path, size, pool, batch, log) -> None:
-    started = time.monotonic()
-    with ShardWriter(directory / f"{domain.id}.h5", dataset=name, domain=domain.id, classes=classes,
-                     image_size=(size, size), channels=3, source=domain.source) as writer:
-        for split in SPLITS:
-            for images, labels in _decoded_batches(pool, domain.rows[split], size, batch, domain.fix):
-                writer.add(split, images, labels)
-    sizes = "/".join(str(len(domain.rows[s])) for s in SPLITS)
-    log(f"{name}: {domain.id}{domain.shown} train/val/test {sizes}{domain.note} "
-        f"in {time.monotonic() - started:.1f} s")

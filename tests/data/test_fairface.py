@@ -12,7 +12,8 @@ from PIL import Image
 
 from mpifl.data.__main__ import cli
 from mpifl.data.fairface import CLASSES, RACES, prepare_fairface
-from mpifl.data.folders import SPLIT_SEED, load_image
+from mpifl.data.images import load_image
+from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.manifest import verify
 from mpifl.data.shard import SPLITS, Shard
 from mpifl.errors import MpiflError

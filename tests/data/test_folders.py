@@ -12,8 +12,9 @@ from PIL import Image
 
 from mpifl.data.__main__ import cli
 from mpifl.data.benchmarks import PACS
-from mpifl.data.folders import (SPLIT_SEED, Domain, FolderSpec, convert_folders, load_image,
-                                stratified_split)
+from mpifl.data.folders import Domain, FolderSpec, convert_folders
+from mpifl.data.images import load_image
+from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.shard import SPLITS, Shard
 from mpifl.errors import MpiflError

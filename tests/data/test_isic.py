@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from mpifl.data.__main__ import cli
-from mpifl.data.folders import SPLIT_SEED, load_image
+from mpifl.data.images import load_image
+from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.isic import CENTERS, CLASSES, IMAGES, prepare_isic2019
 from mpifl.data.manifest import verify
 from mpifl.data.shard import SPLITS, Shard
