@@ -121,7 +121,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def _rename(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def renamed_keys(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     renames = [(re.compile(p), r) for p, r in getattr(model, "pretrained_renames", ())]
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -148,7 +148,7 @@ def _classifier_prefix(model: nn.Module) -> str | None:
 
 def load_pretrained(model: nn.Module, path: str | os.PathLike) -> PretrainedLoad:
     """Load the checkpoint at ``path`` into ``model`` in place (module docstring)."""
-    state = _rename(model, read_state_dict(path))
+    state = renamed_keys(model, read_state_dict(path))
     own = model.state_dict()
     head = _classifier_prefix(model)
     fits, skipped, wrong = {}, [], []

@@ -11,7 +11,7 @@ from torch import nn
 from mpifl.errors import MpiflError
 from mpifl.models import NORM_KINDS, WSConv2d, build_model
 from mpifl.models.norm import make_norm, supports_vectors
-from mpifl.models.pretrained import _rename
+from mpifl.models.pretrained import renamed_keys
 
 FEDBN_FEATURE_KEYS = [
     f"features.{layer}{i}.{attr}"
@@ -145,11 +145,11 @@ def test_fedbn_and_torchvision_checkpoint_names_map_onto_the_model():
     own = model.state_dict()
     fedbn = {("classifier." + k if k.startswith(("fc", "bn6", "bn7")) else k): v
              for k, v in own.items()}  # fmt: skip
-    assert _rename(model, fedbn).keys() == own.keys()
+    assert renamed_keys(model, fedbn).keys() == own.keys()
     torchvision = pytest.importorskip("torchvision")
     with torch.device("meta"):
         tv = torchvision.models.alexnet(num_classes=10).state_dict()
-    mapped = _rename(model, tv)
+    mapped = renamed_keys(model, tv)
     ours = meta("alexnet-dropout", norm="none").state_dict()  # torchvision: no BN
     assert mapped.keys() == ours.keys()
     assert all(mapped[k].shape == ours[k].shape for k in ours)

@@ -6,7 +6,7 @@ from torch import nn
 
 from mpifl.errors import MpiflError
 from mpifl.models import PerXAN, build_model, load_pretrained
-from mpifl.models.pretrained import _rename
+from mpifl.models.pretrained import renamed_keys
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -135,14 +135,14 @@ def test_densenet_legacy_checkpoint_names():
             key = key.replace(f".{part}.", f".{part[:-1]}.{part[-1]}.") if "denselayer" in key else key
         legacy[key] = value
     assert "features.denseblock1.denselayer1.norm.1.weight" in legacy
-    assert list(_rename(model, legacy)) == list(own)
+    assert list(renamed_keys(model, legacy)) == list(own)
 
 
 def test_alexnet_renames_fedbn_and_torchvision_keys():
     """FedBN's classifier.fc3 and torchvision's features.0 keys map onto the model's names."""
     with torch.device("meta"):
         model = build_model("alexnet", num_classes=10, image_size=(224, 224))
-    renamed = _rename(model, {"classifier.fc3.weight": torch.zeros(10, 4096), "features.0.bias": torch.zeros(64)})
+    renamed = renamed_keys(model, {"classifier.fc3.weight": torch.zeros(10, 4096), "features.0.bias": torch.zeros(64)})
     assert list(renamed) == ["fc3.weight", "features.conv1.bias"]
 
 
