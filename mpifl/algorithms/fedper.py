@@ -15,7 +15,6 @@ its own model: the current base under its personalization layers.
 
 from __future__ import annotations
 
-from ..errors import MpiflError
 from ..models.structure import last_blocks
 from ..plan.config import Option
 from .fedavg import FedAvg
@@ -33,10 +32,7 @@ class FedPer(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        try:
-            self.personal_blocks = last_blocks(entries, cfg.opt("fedper_personal_layers"))
-        except ValueError as exc:
-            raise MpiflError(f"--fedper-personal-layers: {exc}; pass a number from 1 (the classifier)") from None
+        self.personal_blocks = last_blocks(entries, cfg.opt("fedper_personal_layers"), "--fedper-personal-layers")
 
     def shares(self, entry):
         return entry.block not in self.personal_blocks and super().shares(entry)

@@ -36,7 +36,6 @@ local objective without its optional auxiliary representation losses).
 from __future__ import annotations
 
 from ..plan.config import Option
-from ..errors import MpiflError
 from ..models.structure import last_blocks
 from .fedavg import FedAvg
 
@@ -52,11 +51,7 @@ class LGFedAvg(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        n = cfg.opt("lg_global_layers")
-        try:
-            self.global_blocks = last_blocks(entries, n)
-        except ValueError as exc:
-            raise MpiflError(f"--lg-global-layers: {exc}; pass a number from 1 (the classifier)") from None
+        self.global_blocks = last_blocks(entries, cfg.opt("lg_global_layers"), "--lg-global-layers")
 
     def shares(self, entry):
         return entry.block in self.global_blocks and super().shares(entry)

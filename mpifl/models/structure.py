@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from mpifl.errors import MpiflError
+
 _BLOCKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "SmallCNN": (("conv1", "norm1"), ("conv2", "norm2"), ("conv3", "norm3"), ("classifier",)),
     "DigitModel": (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"), ("fc1", "bn4"), ("fc2", "bn5"), ("fc3",)),
@@ -66,11 +68,12 @@ def head_name(model: nn.Module) -> str:
     return next(name for name, module in model.named_modules() if module is model.classifier)
 
 
-def last_blocks(entries, n: int) -> set[str]:
-    """The names of the last ``n`` blocks of a model's entries (``n = 1``: the head); ValueError past its
-    number of blocks."""
+def last_blocks(entries, n: int, flag: str) -> set[str]:
+    """The names of the last ``n`` blocks of a model's entries (``n = 1``: the head); past the model's number
+    of blocks, a one-line error naming the option ``flag`` that asked for them."""
     depth = {e.block: e.depth for e in entries}
     order = sorted(depth, key=depth.get)
     if not 1 <= n <= len(order):
-        raise ValueError(f"the model has {len(order)} blocks, asked for the last {n}")
+        raise MpiflError(f"{flag}: the model has {len(order)} blocks, asked for the last {n}; "
+                         "pass a number from 1 (the classifier)")
     return set(order[-n:])

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mpifl.algorithms import get_algorithm
+from mpifl.errors import MpiflError
 from mpifl.models import MODEL_NAMES, build_model, state_entries
 from mpifl.models.structure import blocks, last_blocks
 from mpifl.plan.config import RunConfig
@@ -40,7 +41,7 @@ def test_every_entry_has_a_block_the_blocks_run_in_forward_order_and_the_head_is
     called = _called_order(model, SIZE.get(name, (64, 64)))
     first_call = [min(called.index(m) for m in group if m in called) for group in blocks(model)]
     assert first_call == sorted(first_call), [g[0] for g in blocks(model)]
-    assert last_blocks(entries, 1) == {head}
+    assert last_blocks(entries, 1, "--n") == {head}
 
 
 def test_lenet_registers_norms_after_its_classifier_but_they_belong_to_their_convs():
@@ -66,5 +67,5 @@ def test_a_model_outside_the_registry_has_its_children_as_blocks():
     assert [(e.key, e.block, e.is_head) for e in state_entries(Net())] == [
         ("body.weight", "body", False), ("body.bias", "body", False),
         ("classifier.weight", "classifier", True), ("classifier.bias", "classifier", True)]
-    with pytest.raises(ValueError, match="has 2 blocks, asked for the last 3"):
-        last_blocks(state_entries(Net()), 3)
+    with pytest.raises(MpiflError, match="--layers: the model has 2 blocks, asked for the last 3"):
+        last_blocks(state_entries(Net()), 3, "--layers")
