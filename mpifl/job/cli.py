@@ -189,7 +189,8 @@ def command() -> click.Command:
     ]
     return click.Command("mpifl.run", params=params, callback=_main,
                          help="One federated run over MPI: rank 0 is the server, ranks 1.. host the clients. "
-                              "Launch with e.g. `mpirun -n 3 python -m mpifl.run --algo fedavg`.",
+                              "Launch with e.g. `mpirun -n 3 python -m mpifl.run --algo fedavg`; started without "
+                              "a launcher, the server and one client host run in this process.",
                          context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 
 
