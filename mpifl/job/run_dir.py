@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 from ..errors import MpiflError
@@ -42,4 +43,7 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 def _write_config(path: Path, cfg: RunConfig) -> None:
-    (path / "config.json").write_text(json.dumps(cfg.to_flat(), indent=2) + "\n")
+    """Atomically (temp file + rename): the other ranks of a resumed run may be reading it."""
+    tmp = path / "config.json.tmp"
+    tmp.write_text(json.dumps(cfg.to_flat(), indent=2) + "\n")
+    os.replace(tmp, path / "config.json")

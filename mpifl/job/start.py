@@ -51,27 +51,44 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
     """Run the command on this process's rank (or, without a launcher, on every rank, as threads)."""
     STOP.install()  # first thing: a stop signal during start-up must not kill a rank
     rank, size = launched_world()
-    try:
+    comm = None
+    if size > 1:
+        from ..transport.mpi import MpiComm
+        comm = MpiComm()
+    cfg, warnings = configure(comm, build, resume)
+    if rank == 0:
+        for warning in warnings:
+            _err(f"mpifl: warning: {warning}")
+        if show_manifest:
+            from .cli import manifest_text
+            print(manifest_text(cfg))
+    if show_manifest:
+        return
+    if comm is not None:
+        run_rank(cfg, comm, resume is not None)
+    else:
+        run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, resume is not None))
+
+
+def configure(comm: Comm | None, build: Callable[[], tuple[RunConfig, list[str]]],
+              resume: str | None) -> tuple[RunConfig, list[str]]:
+    """The run's configuration; a bad one is said once and every rank exits.  Over MPI every rank reads the
+    options and files itself, so the ranks agree first (:func:`collectively`): a file that one rank cannot
+    read must not leave the others waiting."""
+
+    def checked():
         cfg, warnings = build()
         if resume and cfg.holdout == "all":
             raise MpiflError("--resume takes one fold's run directory (<out>/holdout-<domain>), not --holdout all's")
-        if rank == 0:
-            for warning in warnings:
-                _err(f"mpifl: warning: {warning}")
-            if show_manifest:
-                from .cli import manifest_text
-                print(manifest_text(cfg))
-    except MpiflError as exc:  # every rank sees the same configuration: rank 0 speaks for all
-        if rank == 0:
-            _err(f"mpifl: error: {exc}")
+        return cfg, warnings
+
+    if comm is not None:
+        return collectively(comm, lambda: None, checked)
+    try:
+        return checked()
+    except MpiflError as exc:
+        _err(f"mpifl: error: {exc}")
         sys.exit(exc.exit_code)
-    if show_manifest:
-        return
-    if size > 1:
-        from ..transport.mpi import MpiComm
-        run_rank(cfg, MpiComm(), resume is not None)
-    else:
-        run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, resume is not None))
 
 
 def run_rank(cfg: RunConfig, comm: Comm, resume: bool) -> None:
