@@ -22,10 +22,10 @@ import numpy as np
 from PIL import Image
 
 from mpifl.errors import MpiflError
-from mpifl.data.splits import SPLIT_SEED, stratified_split
-from mpifl.data.staging import staged_dataset
 from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.shard import SPLITS, ShardWriter
+from mpifl.data.splits import SPLIT_SEED, stratified_split
+from mpifl.data.staging import staged_dataset
 
 _BILINEAR = getattr(Image, "Resampling", Image).BILINEAR
 #: Images handed to the shard writer at a time.

@@ -41,8 +41,8 @@ import numpy as np
 from mpifl.errors import MpiflError
 from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size,
                                convert_arrays, seeded_split, split_rule, to_rgb)
-from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.manifest import DatasetManifest
+from mpifl.data.splits import SPLIT_SEED
 
 DEFAULT_SIZE = 32
 VAL_FRACTION = 0.1

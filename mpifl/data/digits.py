@@ -69,8 +69,8 @@ from mpifl.errors import MpiflError
 from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size,
                                convert_arrays, seeded_split, split_rule, to_rgb, visible_dirs)
 from mpifl.data.images import load_image, workers
-from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.manifest import DatasetManifest
+from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.staging import source_dir
 
 NAME = "digits"

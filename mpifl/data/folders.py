@@ -44,9 +44,9 @@ to :func:`convert_folders`.  The conversion is the same for all of them:
    a folder holding anything else); on any error or interrupt the temporary
    folder is deleted, so no shard is left behind.
 
-Steps 4 and 5 are :func:`mpifl.data.listed.write_listed`, which the
-converters of image files listed in a CSV table share; the seeded splits are
-:mod:`mpifl.data.splits`'.
+Steps 4 and 5 are :func:`mpifl.data.listed.write_listed`, shared with the
+converters of image files listed in a CSV table; the seeded splits of step 3
+are :mod:`mpifl.data.splits`.
 """
 
 from __future__ import annotations

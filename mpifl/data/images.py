@@ -3,9 +3,9 @@
 Pillow decodes each image (EXIF orientation is not applied, as in torchvision's loader), converts it to
 RGB (alpha dropped, palette and grayscale expanded) and resizes it **once** to ``S x S`` with
 ``BILINEAR`` (Pillow's bilinear is antialiased: its kernel widens by the scale factor when shrinking),
-the aspect ratio not kept (as FedBN's ``Resize([256, 256])``); an image already ``S x S`` is not
-resampled.  :func:`decoded_batches` keeps a thread pool (Pillow releases the GIL while decoding and
-resampling) at most two batches ahead of the consumer.
+the aspect ratio not kept (as the ``Resize([256, 256])`` of the public code of FedBN, Li et al., ICLR
+2021); an image already ``S x S`` is not resampled.  :func:`decoded_batches` keeps a thread pool (Pillow
+releases the GIL while decoding and resampling) at most two batches ahead of the consumer.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from mpifl.errors import MpiflError
 from mpifl.data.arrays import check_size
 from mpifl.data.images import RESIZE_NOTE
 from mpifl.data.listed import FileIndex, ListedDomain, csv_rows, write_listed
-from mpifl.data.splits import SPLIT_SEED, split_rows
 from mpifl.data.manifest import DatasetManifest
+from mpifl.data.splits import SPLIT_SEED, split_rows
 from mpifl.data.staging import check_target, source_dir
 
 NAME = "isic2019"

@@ -101,9 +101,10 @@ def write_listed(name: str, src, out, domains, classes, size: int, source: str, 
                  log: Callable[[str], None], started: float | None = None) -> DatasetManifest:
     """Decode the image files ``domains`` list and write shards + manifest into ``<out>/<name>``.
 
-    The converters whose sources are image files (the image folders here, and
-    the CSV-listed Camelyon17, ISIC 2019 and FairFace) end with this: a thread
-    pool decodes and resizes (:func:`~mpifl.data.images.load_image`) at most two batches of about
+    The converters whose sources are image files (the image folders of
+    :mod:`mpifl.data.folders`, and the CSV-listed Camelyon17, ISIC 2019 and
+    FairFace) end with this: a thread pool decodes and resizes
+    (:func:`~mpifl.data.images.load_image`) at most two batches of about
     :data:`BATCH_BYTES` ahead of the shard writer, so memory stays bounded
     whatever the domain's size, and everything is written inside
     :func:`~mpifl.data.staging.staged_dataset` (installed whole or not at all).

@@ -14,9 +14,9 @@ from mpifl.data.__main__ import cli
 from mpifl.data.benchmarks import PACS
 from mpifl.data.folders import Domain, FolderSpec, convert_folders
 from mpifl.data.images import load_image
-from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.shard import SPLITS, Shard
+from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.errors import MpiflError
 
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")

@@ -13,10 +13,10 @@ from PIL import Image
 
 from mpifl.data.__main__ import cli
 from mpifl.data.images import load_image
-from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.isic import CENTERS, CLASSES, IMAGES, prepare_isic2019
 from mpifl.data.manifest import verify
 from mpifl.data.shard import SPLITS, Shard
+from mpifl.data.splits import SPLIT_SEED
 from mpifl.errors import MpiflError
 from tests.data.test_folders import assert_refused_cleanly, assert_user_error
 
