@@ -5,9 +5,10 @@ host (rank 1, a second thread) over :class:`ThreadComm`, the same interface as t
 buffers are packed, copied and unpacked in the same order, so ``metrics.jsonl`` is bit for bit that of
 ``mpirun -n 2`` with the same ``--threads``.  No MPI library is needed.
 
-A failing rank prints its one line and ends the run at once: a failing server returns without waiting
-for the client host (a daemon thread, gone with the process); a failing client host wakes the server
-from its collective (or, should the server be hung, ends the process after ``WATCHDOG_SECONDS``).
+A failing rank prints its one line and ends the run at once: the other rank leaves its next collective
+(a client host still computing after ``WATCHDOG_SECONDS`` is not waited for: the process exits); a
+failing client host wakes the server from its collective (or, should the server be hung, ends the process
+after ``WATCHDOG_SECONDS``).
 Threads share what processes do not: torch's global generator and its thread count.  Set-up steps that
 seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the ranks take
 turns by construction (the server waits in the gather while the host trains; the host waits in the next
@@ -147,7 +148,8 @@ def run_threads(size: int, rank_main: Callable[[Comm], None]) -> None:
     """Run ``rank_main(comm)`` for ranks 0..size-1 of an in-process world: rank 0 in the calling thread (which
     receives signals), the others in daemon threads.  Exits as the first rank that exits non-zero does; a
     failing rank ends the world at once (the others leave their next collective), and a failing server
-    does not wait for a client host still training."""
+    waits at most ``WATCHDOG_SECONDS`` for a client host still training (interpreter shutdown must not
+    find one inside torch)."""
     room = Room(size)
     codes: dict[int, int] = {}
 
@@ -168,9 +170,12 @@ def run_threads(size: int, rank_main: Callable[[Comm], None]) -> None:
     guarded(0)
     if room.watchdog is not None:
         room.watchdog.cancel()  # the server has ended the run in time
-    if room.failed is None:
-        for thread in threads:
-            thread.join()
+    for thread in threads:  # a failed world's threads leave their next collective
+        thread.join(None if room.failed is None else WATCHDOG_SECONDS)
+    if any(thread.is_alive() for thread in threads):  # still computing: end without waiting for it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(room.failed)
     failed = [code for _, code in sorted(codes.items()) if code] or ([room.failed] if room.failed else [])
     if failed:
         sys.exit(failed[0])
