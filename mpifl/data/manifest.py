@@ -16,26 +16,24 @@ import hashlib
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from mpifl.errors import MpiflError
+from mpifl.data.names import PLAIN_NAME, is_class_name, is_plain_name
 from mpifl.data.shard import FORMAT_VERSION, SPLITS, Shard
 
 MANIFEST = "manifest.json"
 #: Datasets mpifl builds itself on first use (see :mod:`mpifl.data.generated`):
 #: the fix for a damaged one is to delete it, not to run a converter.
 GENERATED = ("styledigits",)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
 
 def check_name(name: str) -> str:
     """Reject dataset names that are not a plain directory name."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise MpiflError(f"bad dataset name {name!r}; use letters, digits, '_', '-' or '.'")
+    if not is_plain_name(name):
+        raise MpiflError(f"bad dataset name {name!r}; use {PLAIN_NAME}")
     return name
 
 
@@ -130,12 +128,12 @@ def _schema_problem(data, name: str) -> str | None:
         return f"format version {data['format_version']}, this mpifl reads version {FORMAT_VERSION}"
     if data["name"] != name:
         return f"name is {data['name']!r} but the directory is {name!r}"
-    domains, channels = data["domains"], data["channels"]
+    domains, channels, classes = data["domains"], data["channels"], data["classes"]
     checks = [
         (isinstance(domains, list) and domains and all(isinstance(d, str) for d in domains)
          and len(set(domains)) == len(domains), "domains must be a non-empty list of unique names"),
-        (isinstance(data["classes"], list) and data["classes"]
-         and all(isinstance(c, str) for c in data["classes"]), "classes must be a non-empty list of names"),
+        (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes),
+         "classes must be a non-empty list of names"),
         (isinstance(data["splits"], dict) and isinstance(data["shards"], dict),
          "splits and shards must be objects keyed by domain"),
         (isinstance(data["image_size"], (list, tuple)) and len(data["image_size"]) == 2
@@ -147,15 +145,21 @@ def _schema_problem(data, name: str) -> str | None:
     for ok, problem in checks:
         if not ok:
             return problem
+    for name in classes:
+        if not is_class_name(name):
+            return f"class {name!r} is not a plain name (no separators, control codes or surrounding blanks)"
     for domain in domains:
+        if not is_plain_name(domain):
+            return f"domain {domain!r} is not a plain name ({PLAIN_NAME})"
         sizes, shard = data["splits"].get(domain), data["shards"].get(domain)
         if not (isinstance(sizes, dict) and set(sizes) == set(SPLITS)
                 and all(_is_int(n) and n >= 0 for n in sizes.values())):
             return f"splits of domain {domain} must give train, val and test sizes"
         if not (isinstance(shard, dict) and set(shard) == {"file", "sha256", "bytes"}
-                and isinstance(shard["file"], str) and Path(shard["file"]).name == shard["file"]
                 and isinstance(shard["sha256"], str) and _is_int(shard["bytes"])):
             return f"shards entry of domain {domain} must give file, sha256 and bytes"
+        if shard["file"] != f"{domain}.h5":
+            return f"shards entry of domain {domain} must name the file {domain}.h5, not {shard['file']!r}"
     if set(data["splits"]) != set(domains) or set(data["shards"]) != set(domains):
         return "splits and shards must list exactly the domains"
     norm = data["normalize"]

@@ -194,6 +194,36 @@ def test_load_rejects_malformed_manifest(toy, change, words):
     assert words in message and str(root / "toy" / MANIFEST) in message and "prepare toy" in message
 
 
+def _rename_domain(data, old, new):
+    data["domains"] = [new if d == old else d for d in data["domains"]]
+    for key in ("splits", "shards"):
+        data[key][new] = data[key].pop(old)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: _rename_domain(d, "dark", "x/../../../ESCAPED"), "domain 'x/../../../ESCAPED' is not a plain name"),
+    (lambda d: _rename_domain(d, "dark", ".hidden"), "domain '.hidden' is not a plain name"),
+    (lambda d: _rename_domain(d, "dark", "dark\n"), "domain 'dark\\n' is not a plain name"),
+    (lambda d: d["shards"]["dark"].update(file="../dark.h5"), "must name the file dark.h5, not '../dark.h5'"),
+    (lambda d: d.update(classes=["a", "../b", "c"]), "class '../b' is not a plain name"),
+    (lambda d: d.update(classes=["a", " b", "c"]), "class ' b' is not a plain name"),
+])
+def test_names_that_could_become_paths_are_refused_where_a_manifest_is_read(toy, change, words):
+    root, _, _ = toy
+    rewrite(root, change)
+    with pytest.raises(MpiflError) as error:
+        DatasetManifest.load(root, "toy")
+    assert words in one_line(error)
+
+
+@pytest.mark.parametrize("domain,classes", [("x/../../E", CLASSES), ("ok", ["a", "b/c", "d"])])
+def test_names_that_could_become_paths_are_refused_where_a_converter_writes(tmp_path, domain, classes):
+    with pytest.raises(MpiflError, match="is not a plain name"):
+        ShardWriter(tmp_path / "toy" / "ok.h5", dataset="toy", domain=domain, classes=classes, image_size=SIZE,
+                    channels=3, source="test")
+    assert not (tmp_path / "toy").exists()  # refused before anything was written
+
+
 def test_load_rejects_invalid_json(toy):
     root, _, _ = toy
     (root / "toy" / MANIFEST).write_text("{")
