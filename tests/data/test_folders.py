@@ -20,7 +20,6 @@ from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.errors import MpiflError
 
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
-_BILINEAR = getattr(Image, "Resampling", Image).BILINEAR
 
 
 # ------------------------------------------------------------------ helpers (also used by test_benchmarks)
@@ -171,24 +170,7 @@ def test_stratified_split_properties():
     assert all(part == sorted(part) for part in parts)
 
 
-# ------------------------------------------------------------------ decoding and resizing
-
-
-def test_load_image_converts_to_rgb_and_resizes_once(tmp_path):
-    rng = np.random.default_rng(1)
-    rgb = rng.integers(0, 256, (9, 13, 3), dtype=np.uint8)
-    cases = {"rgb.png": Image.fromarray(rgb), "gray.png": Image.fromarray(rgb[..., 0]),
-             "rgba.png": Image.fromarray(np.dstack([rgb, rgb[..., :1]])),
-             "pal.png": Image.fromarray(rgb).convert("P"), "photo.jpg": Image.fromarray(rgb)}
-    for name, image in cases.items():
-        image.save(tmp_path / name)
-        with Image.open(tmp_path / name) as im:
-            decoded = im.convert("RGB")
-        got = load_image(tmp_path / name, 6)
-        assert got.shape == (6, 6, 3) and got.dtype == np.uint8
-        assert np.array_equal(got, np.asarray(decoded.resize((6, 6), _BILINEAR)))
-    Image.fromarray(rgb[:9, :9]).save(tmp_path / "square.png")
-    assert np.array_equal(load_image(tmp_path / "square.png", 9), rgb[:9, :9])  # no resampling
+# ------------------------------------------------------------------ conversion (decoding: test_images.py)
 
 
 def toy_spec(**overrides) -> FolderSpec:
