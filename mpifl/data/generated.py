@@ -34,8 +34,6 @@ HDF5 library).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +41,7 @@ import numpy as np
 from mpifl.errors import MpiflError
 from mpifl.data.manifest import GENERATED, MANIFEST, DatasetManifest, build_manifest
 from mpifl.data.shard import ShardWriter
+from mpifl.data.staging import discard_staging, staging_dir
 
 NAME = GENERATED[0]
 GENERATOR_SEED = 20_240_601
@@ -331,7 +330,7 @@ def generate_styledigits(root) -> DatasetManifest:
     final = root / NAME
     if not (final / MANIFEST).is_file():
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}.tmp-{os.getpid()}-", dir=root))
+        tmp, lock = staging_dir(root, NAME)
         try:
             write_shards(tmp / NAME)
             build_manifest(tmp, NAME, source=SOURCE, protocol=PROTOCOL, normalize=NORMALIZE)
@@ -342,5 +341,5 @@ def generate_styledigits(root) -> DatasetManifest:
                     raise MpiflError(f"{final} exists but holds no complete dataset; "
                                      f"delete {final} to regenerate it") from None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            discard_staging(tmp, lock)
     return DatasetManifest.load(root, NAME)

@@ -1,9 +1,16 @@
 """Writing a prepared dataset so that it appears whole or not at all.
 
-Converters build ``<out>/<name>`` inside a hidden temporary directory next to
-it and rename it into place only when every shard and the manifest are
-written; on any error (or Ctrl-C) the temporary directory, and an ``--out``
-folder the converter created, are removed, so no partial shard is left.
+Converters build ``<out>/<name>`` inside a hidden staging directory next to
+it (``.<name>.tmp-<pid>-<random>``) and rename it into place only when every
+shard and the manifest are written; on any error (or Ctrl-C) the staging
+directory, and an ``--out`` folder the converter created, are removed, so no
+partial shard is left.  A converter killed outright (SIGKILL, the OOM killer)
+cannot clean up: its staging directory stays until the next converter under
+the same ``--out`` finds it stale and removes it.  Stale means that no live
+process holds it: a converter holds its staging directory's lock
+(:mod:`mpifl.dirlock`) from the moment it makes it, and the kernel drops the
+lock when the process dies; one without a lock file (killed before it took
+it, or made by an older mpifl) is stale once a minute old.
 """
 
 from __future__ import annotations
@@ -12,11 +19,15 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
 from mpifl.data.manifest import MANIFEST
+from mpifl.dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, try_lock
 from mpifl.errors import MpiflError
+
+UNCLAIMED_STALE_SECONDS = 60  # a staging directory with no lock file is stale once this old
 
 
 def source_dir(name: str, src, holding: str) -> Path:
@@ -51,17 +62,59 @@ def staged_dataset(out: Path, name: str, src: Path) -> Iterator[Path]:
     check_target(final, src)
     created_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=out))
+    tmp, lock = staging_dir(out, name)
     try:
         yield tmp / name
         _install(tmp / name, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_staging(tmp, lock)
         if created_out:
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
+    discard_staging(tmp, lock)
+
+
+def staging_dir(out: Path, name: str) -> tuple[Path, DirectoryLock | None]:
+    """A new staging directory for dataset ``name`` under ``out``, held by this process (the lock is None where
+    the file system keeps no locks), after removing the stale ones that converters killed outright left."""
+    remove_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=out))
+    try:
+        return tmp, try_lock(tmp)
+    except LocksUnsupported:
+        return tmp, None
+
+
+def remove_stale(out: Path) -> list[Path]:
+    """Remove the staging directories under ``out`` that no live process holds; return them."""
+    removed = []
+    for path in sorted(out.glob(".*.tmp-*")):
+        if not path.is_dir() or path.is_symlink():
+            continue
+        if (path / LOCK_NAME).exists():
+            try:
+                lock = try_lock(path)
+            except OSError:  # no locks here: whether its converter lives cannot be told
+                continue
+            if lock is None:
+                continue  # a converter at work
+        elif time.time() - path.stat().st_mtime > UNCLAIMED_STALE_SECONDS:
+            lock = None
+        else:
+            continue  # just made: its converter is about to claim it
+        shutil.rmtree(path, ignore_errors=True)
+        if lock is not None:
+            lock.release()
+        removed.append(path)
+    return removed
+
+
+def discard_staging(tmp: Path, lock: DirectoryLock | None) -> None:
+    """Remove a staging directory of :func:`staging_dir` and give it up."""
     shutil.rmtree(tmp, ignore_errors=True)
+    if lock is not None:
+        lock.release()
 
 
 def _install(built: Path, final: Path) -> None:
