@@ -65,12 +65,19 @@ def ensure_dataset(root, name: str) -> DatasetManifest:
     """The manifest of dataset ``name`` under ``root``, generating ``styledigits`` if needed."""
     check_name(name)
     root = Path(root)
-    if name == GENERATED_NAME:
-        if not (root / name / MANIFEST).is_file():
-            return generate_styledigits(root)
-        return DatasetManifest.load(root, name)
-    if (root / name).is_dir() or name in KNOWN_DATASETS:
-        return DatasetManifest.load(root, name)
+    if root.exists() and not root.is_dir():
+        raise MpiflError(f"data root {root} is a file, not a directory; pass --data-root (or MPIFL_DATA_ROOT) the "
+                         "directory that holds the datasets, <root>/<name>/manifest.json")
+    try:
+        if name == GENERATED_NAME:
+            if not (root / name / MANIFEST).is_file():
+                return generate_styledigits(root)
+            return DatasetManifest.load(root, name)
+        if (root / name).is_dir() or name in KNOWN_DATASETS:
+            return DatasetManifest.load(root, name)
+    except OSError as exc:  # permissions, a read-only or full file system, a path through a file
+        raise MpiflError(f"cannot use the data root {root}: {exc.strerror} ({exc.filename}); pass a --data-root "
+                         "this user can read (and, for generated data, write)") from None
     raise MpiflError(f"unknown dataset '{name}' (no directory {root / name}); known: "
                      f"{', '.join(KNOWN_DATASETS)}; or put a prepared shard directory at {root / name}")
 

@@ -75,6 +75,7 @@ def make_clients(manifest: DatasetManifest, per_domain: int, seed: int, holdout:
     if holdout is not None and holdout not in manifest.domains:
         raise MpiflError(f"--holdout {holdout} is not a domain of {manifest.name}; "
                          f"choose one of: {', '.join(manifest.domains)} (or all)")
+    check_splits(manifest, holdout)
     counts = clients_per_domain([d for d in manifest.domains if d != holdout], per_domain, num_clients)
     clients = []
     for d, domain in enumerate(manifest.domains):
@@ -96,6 +97,26 @@ def make_clients(manifest: DatasetManifest, per_domain: int, seed: int, holdout:
                 rows["train"] = _subset(rows["train"], max(1, round(percent * len(rows["train"]))), rng, domain)
             clients.append(ClientSpec(id=len(clients), domain=domain, rows=rows))
     return clients
+
+
+def check_splits(manifest: DatasetManifest, holdout: str | None) -> None:
+    """Every training domain has train, val (model selection) and test images; a held-out domain has images."""
+    for domain in manifest.domains:
+        sizes = manifest.split_sizes(domain)
+        if domain == holdout:
+            if not sum(sizes.values()):
+                raise MpiflError(f"domain {domain} of {manifest.name} has no images to evaluate when held out; "
+                                 "hold out another domain")
+            continue
+        if not sizes["train"]:
+            raise MpiflError(f"domain {domain} of {manifest.name} has no training images; hold it out "
+                             f"(--holdout {domain}: it is then only evaluated) or prepare the dataset again with "
+                             "training images for it")
+        for split in ("val", "test"):
+            if not sizes[split]:
+                raise MpiflError(f"domain {domain} of {manifest.name} has no {split} images (every training domain "
+                                 f"needs val images to choose the best round and test images to report); prepare "
+                                 f"the dataset again with a {split} split for it, or hold it out (--holdout {domain})")
 
 
 def _even_parts(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:

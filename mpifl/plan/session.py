@@ -86,8 +86,11 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                            dirichlet=cfg.dirichlet, samples_per_client=cfg.samples_per_client, percent=cfg.percent, labels=labels)
     for client in clients:
         if client.trains and client.num_train == 0:
-            raise MpiflError(f"client {client.id} of domain {client.domain} gets no training images; "
-                             f"lower --clients-per-domain (now {cfg.clients_per_domain})")
+            shared = sum(1 for c in clients if c.domain == client.domain)
+            cause = f"raise --dirichlet (now {cfg.dirichlet}) or " if cfg.dirichlet else ""
+            raise MpiflError(f"client {client.id} of domain {client.domain} gets none of the domain's "
+                             f"{manifest.split_sizes(client.domain)['train']} training images, split among {shared} "
+                             f"clients; {cause}give the domain fewer clients (--clients-per-domain, --num-clients)")
     algo_cls = get_algorithm(cfg.algo)
     seed_model_init(cfg.seed)
     model = _model(cfg, manifest, algo_cls)
