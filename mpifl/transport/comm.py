@@ -10,7 +10,9 @@ Both move the same bytes in the same order, so a run gives the same numbers over
 are two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`): :meth:`Comm.bcast` from rank 0
 and :meth:`Comm.gatherv` to rank 0.  The ``*_object`` collectives carry a few small Python objects during
 set-up only.  Each collective is preceded by :meth:`Comm.arrive`, a barrier that waits without spinning
-(the time is counted in ``seconds_waiting``); the bytes then move at full speed (``seconds_moving``).
+(the time is counted in ``seconds_waiting``); the bytes then move at full speed (``seconds_moving``).  A barrier
+knows which ranks have arrived, so a rank that gives up waiting (``timeout``, ``--round-timeout``) names the
+ranks that did not come, with their pid and host (:meth:`Comm.describe`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from ..errors import MpiflError
 from .buffers import ReusedBuffer
 from .topology import NodeLayout
 from .wire import Buffer
@@ -31,13 +34,24 @@ class Comm:
 
     in_process = False  # True: every rank is a thread of this process
 
-    def __init__(self, rank: int, size: int, timeout: float | None = None):
+    def __init__(self, rank: int, size: int, peers: list[str], timeout: float | None = None):
         self.rank, self.size = rank, size
+        self.peers = peers  # where each rank runs ("pid 12 on node3"), for messages
         self.timeout = timeout  # seconds a rank waits for the others before the job fails; None: for ever
         self.seconds_waiting = 0.0  # in the barriers: other ranks not ready yet
         self.cpu_seconds_waiting = 0.0  # CPU time this rank spent in them: the cost of waiting
         self.seconds_moving = 0.0  # inside the collectives themselves: bytes moving
         self._gathered = ReusedBuffer()  # rank 0's receive buffer, the same memory every round
+
+    def describe(self, ranks: list[int]) -> str:
+        """'rank 2 (pid 12 on node3)', or several such, joined."""
+        return ", ".join(f"rank {r} ({self.peers[r]})" for r in ranks)
+
+    def timed_out(self, what: str, missing: list[int]) -> MpiflError:
+        """The one line of a rank that waited ``timeout`` seconds for ``missing``."""
+        return MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: {self.describe(missing)} "
+                          "stopped answering (hung, or stuck on a file system); raise --round-timeout if "
+                          "a round can take that long")
 
     # ------------------------------------------------------------ the round's bytes
     def arrive(self, what: str) -> None:

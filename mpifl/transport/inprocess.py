@@ -28,7 +28,6 @@ from typing import Any, Callable, NoReturn
 
 import torch
 
-from ..errors import MpiflError
 from .comm import Comm
 from .topology import NodeLayout, affinity
 from .wire import Buffer
@@ -42,6 +41,8 @@ class Room:
     def __init__(self, size: int):
         self.size = size
         self.barrier = threading.Barrier(size)
+        self.waiting: set[int] = set()  # the ranks inside the barrier now (guarded by ``turn``)
+        self.missing: list[int] | None = None  # who had not arrived when a barrier timed out
         self.posted: list[Any] = [None] * size  # each rank's contribution to the collective under way
         self.turn = threading.Condition()
         self.whose_turn = 0
@@ -70,17 +71,26 @@ class ThreadComm(Comm):
     in_process = True
 
     def __init__(self, room: Room, rank: int, timeout: float | None = None):
-        super().__init__(rank, room.size, timeout)
+        where = f"pid {os.getpid()} on {socket.gethostname()}"
+        peers = [f"{where}, {'main thread' if r == 0 else f'thread mpifl-rank-{r}'}" for r in range(room.size)]
+        super().__init__(rank, room.size, peers, timeout)
         self.room = room
 
     def _barrier(self, what: str) -> None:
+        with self.room.turn:
+            self.room.waiting.add(self.rank)
         try:
             self.room.barrier.wait(self.timeout)
         except threading.BrokenBarrierError:
             if self.room.failed is not None:  # another rank ended the job and said why
                 raise SystemExit(self.room.failed) from None
-            raise MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: a rank stopped answering; "
-                             "raise --round-timeout") from None
+            with self.room.turn:  # the first rank out of the broken barrier sees who was in it
+                if self.room.missing is None:
+                    self.room.missing = sorted(set(range(self.size)) - self.room.waiting)
+            raise self.timed_out(what, self.room.missing) from None
+        finally:
+            with self.room.turn:
+                self.room.waiting.discard(self.rank)
 
     def _exchange(self, obj: Any) -> list[Any]:
         """Post ``obj``, read everyone's after all posted, and let no rank post again before all have read."""

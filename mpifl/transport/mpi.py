@@ -5,9 +5,11 @@ Three properties matter beyond moving bytes:
 * **No busy waiting.**  MPICH and Open MPI spin inside blocking calls, so a
   server waiting for clients, or a client waiting for the next round, would
   steal a core from a rank that is training.  Every collective is therefore
-  preceded by a non-blocking barrier that the waiting side polls with short
-  sleeps; the collective itself starts only when every rank has arrived, and
-  runs at full speed.
+  preceded by a barrier of non-blocking messages that the waiting side polls
+  with short sleeps (each client rank tells rank 0 it has arrived, rank 0
+  tells them all to go once all have, so rank 0 knows who is missing); the
+  collective itself starts only when every rank has arrived, and runs at full
+  speed.
 * **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
   takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
   when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
@@ -19,6 +21,7 @@ Three properties matter beyond moving bytes:
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import NoReturn
@@ -27,7 +30,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..errors import MpiflError
 from ..job.abort import abort_world
 from .comm import Comm
 from .gpu_mpi import cuda_aware
@@ -35,6 +37,7 @@ from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 INT_MAX = 2**31 - 1
+ARRIVED, GO = 31001, 31002  # tags of the barrier's messages
 LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
 
 
@@ -43,14 +46,17 @@ class MpiComm(Comm):
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, max_count: int = INT_MAX,
                  max_sleep: float = 0.002, timeout: float | None = None):
-        super().__init__(comm.rank, comm.size, timeout)
+        peers = [f"pid {pid} on {host}" for pid, host in comm.allgather((os.getpid(), socket.gethostname()))]
+        super().__init__(comm.rank, comm.size, peers, timeout)
         self.comm = comm
+        self._token = np.zeros(1, dtype=np.uint8)  # the barrier's messages: one byte, never read
+        self._inbox = np.zeros(comm.size, dtype=np.uint8)  # where rank r's byte lands
         self.max_count = max_count
         self.max_sleep = max_sleep
 
     # ---------------------------------------------------------------- waiting
-    def wait(self, request: MPI.Request, what: str) -> None:
-        """Complete ``request`` by polling with growing sleeps.
+    def wait(self, requests: dict[int, MPI.Request], what: str) -> None:
+        """Complete ``requests`` (one per peer rank) by polling with growing sleeps.
 
         Sleeps double from 50 us up to ``max_sleep`` (2 ms), and in a long
         wait up to 1 % of the time already waited (at most 50 ms): an arrival
@@ -60,17 +66,27 @@ class MpiComm(Comm):
         """
         sleep = 5e-5
         start = time.monotonic()
-        while not request.Test():
+        pending = dict(requests)
+        while True:
+            pending = {rank: request for rank, request in pending.items() if not request.Test()}
+            if not pending:
+                return
             waited = time.monotonic() - start
             if self.timeout is not None and waited > self.timeout:
-                raise MpiflError(
-                    f"timed out after {self.timeout:.0f} s waiting for {what}: a rank stopped answering; "
-                    "raise --round-timeout or look at that rank's log")
+                raise self.timed_out(what, sorted(pending))
             time.sleep(sleep)
             sleep = min(sleep * 2, max(self.max_sleep, min(LONG_WAIT_SLEEP, waited / 100)))
 
     def _barrier(self, what: str) -> None:
-        self.wait(self.comm.Ibarrier(), what)
+        """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived."""
+        if self.rank == 0:
+            clients = range(1, self.size)
+            self.wait({r: self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED) for r in clients}, what)
+            MPI.Request.Waitall([self.comm.Isend(self._token, dest=r, tag=GO) for r in clients])
+        else:
+            sent = self.comm.Isend(self._token, dest=0, tag=ARRIVED)
+            self.wait({0: self.comm.Irecv(self._inbox[0:1], source=0, tag=GO)}, what)
+            sent.Wait()
 
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:

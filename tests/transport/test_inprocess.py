@@ -79,15 +79,17 @@ def test_set_up_steps_take_turns_in_rank_order_every_time():
     assert order == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
 
 
-def test_a_rank_that_never_arrives_times_the_others_out_with_one_line():
+def test_a_rank_that_never_arrives_times_the_others_out_naming_it():
     def body(comm):
-        if comm.rank == 1:
+        if comm.rank == 2:
             return None
-        with pytest.raises(MpiflError, match="timed out after 0 s waiting for the uploads: a rank stopped answering"):
+        with pytest.raises(MpiflError, match=r"timed out after 0 s waiting for the uploads: rank 2 \(pid \d+ on .+, "
+                                             r"thread mpifl-rank-2\) stopped answering"):
             comm.arrive("the uploads")
         return True
 
-    assert _world(2, body, timeout=0.2)[0] is True
+    result = _world(3, body, timeout=0.2)
+    assert result[0] is True and result[1] is True
 
 
 def test_run_threads_exits_with_the_first_failing_ranks_code():
