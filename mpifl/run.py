@@ -9,6 +9,11 @@ The options are :mod:`mpifl.job.cli`'s; what each rank then does is :mod:`mpifl.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before the heavy imports: a rank failing in them must not leave the others waiting
+    import os
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # Ctrl-C while importing: nothing to save yet
+
     from mpifl.job.abort import abort_on_uncaught
     from mpifl.job.faults import maybe_inject
     from mpifl.job.world import launched_world
@@ -18,9 +23,9 @@ if __name__ == "__main__":  # before the heavy imports: a rank failing in them m
         abort_on_uncaught()
     maybe_inject(rank=rank, client=-1, round_index=0)
 
-from .job.cli import command
+from .job.cli import command, invoke
 
 main = command()
 
 if __name__ == "__main__":
-    main()
+    invoke(main, rank=rank)

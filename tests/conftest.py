@@ -57,6 +57,7 @@ def run_here(*args: str) -> Job:
     installs are put back afterwards."""
     import torch
 
+    from mpifl.job.cli import invoke
     from mpifl.job.signals import STOP_SIGNALS
     from mpifl.run import main
 
@@ -65,7 +66,7 @@ def run_here(*args: str) -> Job:
     start = time.monotonic()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main.main(list(args), prog_name="mpifl.run", standalone_mode=False)
+            invoke(main, list(args))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     finally:

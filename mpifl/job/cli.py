@@ -6,6 +6,9 @@ What a parsed command then does on every rank is :mod:`mpifl.job.start`'s.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from pathlib import Path
 
 import click
@@ -16,7 +19,7 @@ from ..algorithms import ALGORITHMS, all_options, get_algorithm
 from ..data import KNOWN_DATASETS, default_data_root, default_model, ensure_dataset
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
-from ..plan.config import Option, RunConfig, check, read_config_file, resolve
+from ..plan.config import CORE_KEYS, Option, RunConfig, check, coerce, read_config_file, resolve
 from ..plan.session import make_session, read_labels
 from ..presets import apply_preset, describe_presets
 from ..transport.manifest import format_manifest
@@ -148,17 +151,45 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
 
 
 def _resumed_config(run_dir: str, config_file: str | None, cli_values: dict) -> Path:
-    """``--resume RUN_DIR``: the run's own config.json, which only :data:`RESUMABLE` options may change."""
+    """``--resume RUN_DIR``: the run's own config.json, which only :data:`RESUMABLE` options may change.
+
+    Options given again (on the command line or in ``--config``) with the values the run has are accepted, so
+    the command that started a run, plus ``--resume``, continues it; a real change is refused, named."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise MpiflError(f"--resume {run_dir}: no config.json there; pass the run directory of an earlier run")
-    changed = sorted(k for k in cli_values if k not in RESUMABLE)
-    if config_file or changed:
-        what = ", ".join(["--config"] * bool(config_file) + [Option(k, object, None, "").flag for k in changed])
-        raise MpiflError(f"--resume continues a run with its own configuration; drop {what} (only "
-                         f"{', '.join(Option(k, object, None, '').flag for k in RESUMABLE)} may change)")
+    stored = read_config_file(path)
+    given = {**(read_config_file(config_file) if config_file else {}), **cli_values}
+    unknown = sorted(k for k in given if k not in CORE_KEYS and k not in all_options())
+    if unknown:
+        raise MpiflError(f"unknown option(s) {', '.join(unknown)}; see `python -m mpifl.run --help` for valid names")
+    changed = [k for k in given if k not in RESUMABLE and _differs(k, given[k], stored, run_dir)]
+    if changed:
+        what = ", ".join(f"{_flag(k)} {given[k]} (the run has {stored.get(k)})" for k in changed)
+        raise MpiflError(f"--resume continues {run_dir} with its own configuration, and this command changes "
+                         f"{what}; drop or correct them (only {', '.join(map(_flag, RESUMABLE))} may change)")
+    for key in given:
+        if key not in RESUMABLE:
+            cli_values.pop(key, None)
     cli_values["out"] = str(run_dir)
     return path
+
+
+def _differs(key: str, value, stored: dict, run_dir: str) -> bool:
+    """Whether an option given again with ``--resume`` changes the run's stored value."""
+    if key == "out":
+        return Path(value).resolve() != Path(run_dir).resolve()
+    if key not in stored:  # an option of another method: it had no effect, and has none now
+        return key in CORE_KEYS
+    if key == "model" and value == "auto":
+        value = default_model(stored.get("data", RunConfig.data))
+    if stored[key] is None or value is None:
+        return stored[key] != value
+    return coerce(key, value, type(stored[key])) != stored[key]
+
+
+def _flag(key: str) -> str:
+    return Option(key, object, None, "").flag
 
 
 def manifest_text(cfg: RunConfig) -> str:
@@ -192,6 +223,25 @@ def command() -> click.Command:
                               "Launch with e.g. `mpirun -n 3 python -m mpifl.run --algo fedavg`; started without "
                               "a launcher, the server and one client host run in this process.",
                          context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+
+
+def invoke(cmd: click.Command, args: list[str] | None = None, rank: int = 0) -> None:
+    """Parse ``args`` (default: the process's) and run the command.  Under a launcher every rank parses the
+    same command line: only rank 0 prints what parsing prints (``--help``, ``--version``, ``--list-presets``)
+    and a usage error, as one line; every rank exits with the same code."""
+    args = sys.argv[1:] if args is None else list(args)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
+            ctx = cmd.make_context("python -m mpifl.run", args)
+    except click.exceptions.Exit as done:  # --help and the like, printed
+        sys.exit(done.exit_code)
+    except click.ClickException as exc:
+        if rank == 0:
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            sys.stderr.write(f"mpifl: error: {message}; see `python -m mpifl.run --help`\n")
+        sys.exit(exc.exit_code)
+    with ctx:
+        cmd.invoke(ctx)
 
 
 @click.pass_context

@@ -120,13 +120,14 @@ def resolve(file_values: Mapping[str, Any], cli_values: Mapping[str, Any],
     unknown = sorted(k for k in merged if k not in CORE_KEYS and k not in algo_options)
     if unknown:
         raise MpiflError(f"unknown option(s) {', '.join(unknown)}; see `python -m mpifl.run --help` for valid names")
-    core = {k: _coerce(k, v, _CORE_TYPES[k]) for k, v in merged.items() if k in CORE_KEYS and v is not None}
-    algo = {name: _coerce(name, merged.get(name), opt.type) if merged.get(name) is not None else opt.default
+    core = {k: coerce(k, v, _CORE_TYPES[k]) for k, v in merged.items() if k in CORE_KEYS and v is not None}
+    algo = {name: coerce(name, merged.get(name), opt.type) if merged.get(name) is not None else opt.default
             for name, opt in algo_options.items()}
     return RunConfig(**core, algo_options=algo)
 
 
-def _coerce(name: str, value: Any, kind: type) -> Any:
+def coerce(name: str, value: Any, kind: type) -> Any:
+    """``value`` of option ``name`` as ``kind`` (from a file, strings such as 'true' or '3'); one line if it is not."""
     if kind is str:
         return str(value)
     try:
