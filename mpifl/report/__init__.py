@@ -30,18 +30,24 @@ class Report:
 
 
 def build_report(paths: list, out: Path, preset: str | None = None, plots: bool = True,
-                 tensorboard: bool = False) -> Report:
-    """Everything ``python -m mpifl.report`` writes, for the runs under ``paths``, into ``out``."""
+                 tensorboard: bool = False, include_incomplete: bool = False) -> Report:
+    """Everything ``python -m mpifl.report`` writes, for the runs under ``paths``, into ``out``; runs that did not
+    reach their last round are left out (and named) unless ``include_incomplete``."""
     if tensorboard:
         from mpifl.report import tensorboard as tb
 
         if not tb.available():  # before any work: a clear message, nothing half-written
             raise MpiflError(tb.MISSING)
-    runs = find_runs(paths)
+    found = find_runs(paths)
+    runs = [run for run in found if run.complete or include_incomplete]
+    left_out = [run for run in found if run not in runs]
+    if not runs:
+        raise MpiflError(f"no complete run among the {len(found)} given ({left_out[0].label()}"
+                         f"{', ...' if len(left_out) > 1 else ''}); pass --include-incomplete to report them anyway")
     base = Path.cwd()
     tables = build_tables(runs, preset)
     out = Path(out)
-    files = list(write_tables(tables, out, base))
+    files = list(write_tables(tables, out, base, left_out))
     labels = {group_key(t.config): t.label for t in tables}
     if plots:
         from mpifl.report.plots import plot_runs
@@ -50,8 +56,8 @@ def build_report(paths: list, out: Path, preset: str | None = None, plots: bool 
     if tensorboard:
         from mpifl.report.tensorboard import write_tensorboard
 
-        files += write_tensorboard(runs, out, [run.label(base) for run in runs])
-    return Report(runs=runs, tables=tables, out=out, files=files, markdown=markdown(tables, base))
+        files += write_tensorboard(runs, out, [run.relative(base) for run in runs])
+    return Report(runs=runs, tables=tables, out=out, files=files, markdown=markdown(tables, base, left_out))
 
 
 __all__ = ["Report", "build_report", "build_tables", "find_runs", "markdown"]

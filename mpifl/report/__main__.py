@@ -32,14 +32,19 @@ from mpifl.errors import MpiflError
               help="also write per-round scalars for TensorBoard into OUT/tensorboard (needs the tensorboard "
                    "package: pip install 'mpifl[tensorboard]')")
 @click.option("--no-plots", is_flag=True, default=False, help="tables only, no PNG figures")
-def main(run_dirs: tuple[str, ...], out: str | None, preset: str | None, tensorboard: bool, no_plots: bool) -> None:
+@click.option("--include-incomplete", is_flag=True, default=False,
+              help="count runs that did not reach their last round (killed, stopped, still running) in the means; "
+                   "by default they are left out and named")
+def main(run_dirs: tuple[str, ...], out: str | None, preset: str | None, tensorboard: bool, no_plots: bool,
+         include_incomplete: bool) -> None:
     """Per-domain tables (markdown and CSV) and figures of one or more runs: RUN_DIR is a run's --out, or a
     folder holding runs (e.g. the holdout-<domain> folds of --holdout all)."""
     from mpifl.report import build_report
 
     target = Path(out) if out else (Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path("report"))
     try:
-        report = build_report(list(run_dirs), target, preset=preset, plots=not no_plots, tensorboard=tensorboard)
+        report = build_report(list(run_dirs), target, preset=preset, plots=not no_plots, tensorboard=tensorboard,
+                              include_incomplete=include_incomplete)
     except MpiflError as exc:
         click.echo(f"mpifl: error: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -7,6 +7,10 @@ checkpoint interval, timeout, ``--compile``, ``--channels-last``) are one
 their numbers.  Leave-one-domain-out folds (``--holdout all`` writes
 ``<out>/holdout-<domain>/``) that share everything else are one
 configuration too: each fold contributes the accuracy of its held-out domain.
+
+A run is *complete* when its last record is the evaluated final round of its configuration (``rounds``
+of its ``config.json``, which a resumed run updates); one killed, stopped or still running is not, and the
+report leaves it out of the means over seeds unless asked to include it (:attr:`Run.complete`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,23 @@ class Run:
     @property
     def holdout(self) -> str | None:
         return self.config.get("holdout")
+
+    @property
+    def last_round(self) -> int:
+        return self.records[-1]["round"] if self.records else 0
+
+    @property
+    def rounds(self) -> int:
+        return int(self.config.get("rounds", 0))
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run reached its last round and evaluated it (not killed, stopped or still running)."""
+        return bool(self.records) and self.last_round == self.rounds and "eval" in self.records[-1]
+
+    def progress(self) -> str:
+        """'' for a complete run, else e.g. 'incomplete: round 3 of 10'."""
+        return "" if self.complete else f"incomplete: round {self.last_round} of {self.rounds}"
 
     @cached_property
     def evaluated(self) -> list[dict]:
@@ -74,7 +95,7 @@ class Run:
                 "last_round": row["last_round"], "best_round": row["best_round"]}
         return out
 
-    def label(self, base: Path | None = None) -> str:
+    def relative(self, base: Path | None = None) -> str:
         """The run's directory, relative to ``base`` when inside it."""
         if base is not None:
             try:
@@ -82,6 +103,10 @@ class Run:
             except ValueError:
                 pass
         return str(self.path)
+
+    def label(self, base: Path | None = None) -> str:
+        """:meth:`relative`, and whether the run is incomplete."""
+        return self.relative(base) + (f" ({self.progress()})" if self.progress() else "")
 
 
 def load_run(path: str | Path) -> Run:

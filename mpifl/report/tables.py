@@ -249,11 +249,15 @@ def _describe(table: GroupTable) -> str:
     return ", ".join(parts)
 
 
-def markdown(tables: list[GroupTable], base: Path | None = None) -> str:
-    """The report as markdown: one section per configuration, then one comparison per preset."""
+def markdown(tables: list[GroupTable], base: Path | None = None, left_out: list[Run] = ()) -> str:
+    """The report as markdown: one section per configuration, then one comparison per preset; ``left_out``:
+    incomplete runs not counted, named first."""
     lines = ["# mpifl report", "",
              "Test accuracy (%), mean ± sample std (n - 1) over the seeds of each configuration; "
              "'best val' = the round of best mean validation accuracy (as summary.csv).", ""]
+    if left_out:
+        lines += ["Left out, incomplete (killed, stopped or still running; --include-incomplete counts them): "
+                  + ", ".join(run.label(base) for run in left_out), ""]
     for table in tables:
         n = len(table.seeds)
         lines.append(f"## {table.label} — {_describe(table)}: {table.kind} model")
@@ -352,13 +356,14 @@ def _num(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.4f}"
 
 
-def write_tables(tables: list[GroupTable], out: Path, base: Path | None = None) -> tuple[Path, Path]:
+def write_tables(tables: list[GroupTable], out: Path, base: Path | None = None,
+                 left_out: list[Run] = ()) -> tuple[Path, Path]:
     """``report.md`` and ``report.csv`` in ``out``."""
     if not tables:
         raise MpiflError("no evaluated round in the given runs; a run writes metrics after its first evaluation")
     out.mkdir(parents=True, exist_ok=True)
     md, table_csv = out / "report.md", out / "report.csv"
-    md.write_text(markdown(tables, base))
+    md.write_text(markdown(tables, base, left_out))
     with table_csv.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()

@@ -127,3 +127,21 @@ def test_cli_prints_the_report_and_writes_its_files(runs_dir, tmp_path):
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.csv", "report.md"]
     bad = CliRunner().invoke(main, [str(tmp_path / "missing")])
     assert bad.exit_code == 2 and bad.output.startswith("mpifl: error:") and bad.output.count("\n") == 1
+
+
+def test_an_incomplete_run_is_marked_and_left_out_of_the_means_unless_asked(tmp_path):
+    """A run killed at round 3 of 10 next to a complete 10-round run of the same configuration."""
+    common = dict(algo="fedavg", data="digits", model="digitmodel", rounds=10)
+    write_run(tmp_path / "runs" / "s0", {"mnist": [0.9] * 10}, [0.5] * 10, seed=0, **common)
+    write_run(tmp_path / "runs" / "s1", {"mnist": [0.1] * 3}, [0.5] * 3, seed=1, **common)  # killed at round 3
+    result = CliRunner().invoke(main, [str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "| mnist | 90.00 | 90.00 |" in result.output  # seed 0 alone, no ± over a killed run
+    assert "Left out, incomplete" in result.output and "s1 (incomplete: round 3 of 10)" in result.output
+    both = CliRunner().invoke(main, [str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--no-plots",
+                                     "--include-incomplete"])
+    assert both.exit_code == 0 and "| mnist | 50.00 ± 56.57 |" in both.output
+    assert "s1 (incomplete: round 3 of 10)" in both.output and "Left out" not in both.output
+    alone = CliRunner().invoke(main, [str(tmp_path / "runs" / "s1"), "--no-plots"])
+    assert alone.exit_code == 2 and "no complete run among the 1 given" in alone.output
+    assert "--include-incomplete" in alone.output and alone.output.count("\n") == 1
