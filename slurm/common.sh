@@ -131,8 +131,9 @@ if [[ -f $RUN_DIR/checkpoint/meta.json ]]; then
     read -ra _mpifl_resume_args <<<"${MPIFL_RESUME_ARGS:-}"
     _mpifl_args=(--resume "$RUN_DIR" "${_mpifl_resume_args[@]}")
 else
-    if ((_mpifl_restarts > 0)) && [[ -e $RUN_DIR/metrics.jsonl ]]; then
-        # requeued (a node failure, a preemption) before any checkpoint: start over, keep what was there
+    if ((_mpifl_restarts > 0)) && [[ -n $(ls -A "$RUN_DIR" 2>/dev/null) ]]; then
+        # requeued (a node failure, a preemption) before any checkpoint: start over in the directory the job
+        # names (mpifl refuses a directory holding a run's files), keeping what was there
         _mpifl_aside=${RUN_DIR}.attempt-$(date +%Y%m%d-%H%M%S)
     fi
     _mpifl_defaults=(--data "$MPIFL_DATA" --algo "$MPIFL_ALGO" --model "$MPIFL_MODEL" --rounds "$MPIFL_ROUNDS")
