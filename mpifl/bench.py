@@ -130,11 +130,11 @@ def speedup_bound(sizes: list[int], client_ranks: int) -> float:
 def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
     """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
     tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes, and per rank
-    its ``rank.seconds``."""
+    its report (``rank.seconds`` and the rest of its fixed record)."""
     clients = len(session.clients)
     per_client = sum(s.nbytes for s in session.algo.policy().upload)
     messages = session.messages()
-    metadata = (messages.client.nbytes - per_client) * clients + messages.seconds.nbytes * client_ranks
+    metadata = (messages.client.nbytes - per_client) * clients + messages.rank.nbytes * client_ranks
     return {"manifest_up": per_client * clients, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
             "matches_manifest": measured["wire_up"] == per_client * clients + metadata}
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from mpifl.algorithms import ClientState, all_options, get_algorithm
 from mpifl.job.checkpoint import load as load_meta
-from mpifl.job.checkpoint import load_clients, load_server
+from mpifl.job.checkpoint import load_clients, load_server, verify
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
@@ -192,13 +192,14 @@ def _summarize(keys: list[str]) -> str:
 
 
 def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device: str = "cpu") -> Checkpointed:
-    """The run in ``run_dir`` at its checkpoint (``checkpoint/meta.json``); tensors loaded with
-    ``torch.load(weights_only=True)`` (:mod:`mpifl.job.checkpoint`)."""
+    """The run in ``run_dir`` at its checkpoint (``checkpoint/meta.json``), its files verified first; tensors
+    loaded with ``torch.load(weights_only=True)`` (:mod:`mpifl.job.checkpoint`)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, data_root)
     manifest = ensure_dataset(cfg.data_root, cfg.data)
     session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
     meta = load_meta(run_dir, cfg, len(session.clients))
+    verify(run_dir, meta)
     server = load_server(run_dir, meta)
     private = load_clients(run_dir, meta, [c.id for c in session.clients])
     if device == "auto":

@@ -16,8 +16,9 @@ import torch
 
 from ..algorithms import ClientState
 from ..errors import MpiflError
-from ..job.checkpoint import Checkpoint, load_clients, save_clients
+from ..job.checkpoint import Checkpoint, FileRecord, load_clients, save_clients
 from ..job.faults import maybe_inject
+from ..job.signals import StopRequest
 from ..plan.protocol import RoundProtocol
 from ..plan.seeding import personalization_seeds
 from ..plan.session import Session
@@ -31,6 +32,8 @@ from .precision import Precision
 from .training import client_round, evaluate, load_state, train_local
 from .transforms import TrainTransforms, parse
 
+NOTHING_SAVED = FileRecord(0, "00" * 32)  # the report of a message that saves nothing
+
 
 class ClientHost:
     """A client rank's part of a run: its hosted clients' data (on its device), their private state (the
@@ -40,9 +43,10 @@ class ClientHost:
     """
 
     def __init__(self, session: Session, comm: Comm, device: torch.device, run_dir: Path,
-                 resumed: Checkpoint | None = None):
+                 resumed: Checkpoint | None = None, stop: StopRequest | None = None):
         self.session, self.comm, self.device = session, comm, device
         self.run_dir, self.resumed = run_dir, resumed
+        self.stop = stop or StopRequest()  # a stop signal this process received: reported to the server
         self.algo = session.algo
         self.hosted = session.placement[comm.rank - 1]
         specs = [session.clients[c] for c in self.hosted]
@@ -87,14 +91,15 @@ class ClientHost:
             header, download = messages.read_down(down)
             if header.round != r:
                 raise RuntimeError(f"rank {self.comm.rank} expected round {r}, the server sent {header.round}")
+            saved = NOTHING_SAVED
             if header.saves:  # the state after round r-1, before this message changes anything
-                save_clients(self.run_dir, r - 1, self.comm.rank, {c: s.private for c, s in self.clients.items()})
+                saved = save_clients(self.run_dir, r - 1, self.comm.rank, {c: s.private for c, s in self.clients.items()})
             download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self._adopt(download)
             work = protocol.plan(header, messages).of(self.comm.rank)
             send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
-            seconds, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
+            report, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
 
             start = time.perf_counter()
             if work.evaluates:
@@ -107,9 +112,11 @@ class ClientHost:
             for cid, segment in zip(work.trains, client_segments):
                 messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
             trained_at = time.perf_counter()
-            messages.seconds.pack({"rank.seconds": record(RANK_SECONDS, train=trained_at - evaluated_at,
-                                                          evaluate=evaluated_at - start, data=self.data_seconds)},
-                                  out=seconds)
+            messages.rank.pack({"rank.seconds": record(RANK_SECONDS, train=trained_at - evaluated_at,
+                                                       evaluate=evaluated_at - start, data=self.data_seconds),
+                                "rank.stop": torch.tensor(self.stop.signum), "rank.saved_bytes": torch.tensor(saved.nbytes),
+                                "rank.saved_sha256": torch.frombuffer(bytearray.fromhex(saved.sha256), dtype=torch.uint8)},
+                               out=report)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
             if self.device_buffers:

@@ -4,7 +4,10 @@
 (``MpiComm.abort``): it gives the launcher half a second to forward the
 rank's line (launchers forward output asynchronously, and the abort would
 otherwise race the line), calls ``MPI_Abort`` and exits whatever that
-returns.  :func:`abort_job` prints the line first.
+returns.  :func:`abort_job` prints the line first.  :func:`end_now` is for
+where no communicator is at hand (a signal handler): it ends an MPI job the
+same way, and a run without a launcher (every rank a thread of this process)
+by ending the process.
 
 :func:`abort_on_uncaught` covers the time before the runtime's own error
 handling exists: an exception while ``python -m mpifl.run`` is still
@@ -29,6 +32,18 @@ def abort_job(line: str, code: int) -> NoReturn:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
     abort_world(code)
+
+
+def end_now(line: str, code: int) -> NoReturn:
+    """Print ``line`` and end this job at once, with or without a launcher."""
+    from .world import launched_world
+
+    sys.stdout.flush()
+    if launched_world()[1] > 1:
+        abort_job(line, code)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(code)  # every rank is a thread of this process: end them all, whatever each is doing
 
 
 def abort_world(code: int) -> NoReturn:

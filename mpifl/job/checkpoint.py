@@ -11,7 +11,10 @@ training: the server writes ``server.pt`` before it broadcasts round R+1's
 message, whose header asks every client rank to save first; the gather that
 answers the message proves every ``rank-K.pt`` is on disk, and only then is
 ``meta.json`` replaced (temp file + rename) and older rounds deleted.  So the
-checkpoint that ``meta.json`` names is always complete, whatever fails when.
+checkpoint that ``meta.json`` names is always complete, whatever fails when.  Every file is written to a
+temporary name, flushed to disk and renamed; its size and sha256, computed while writing, are recorded in
+``meta.json`` (a client rank's come back to the server in the gather), and :func:`verify` checks them all
+before a resumed run touches anything, so a file cut short or changed is named instead of half-loaded.
 
 No generator state is saved because none exists across rounds: every
 random draw comes from generators seeded by (seed, round) or (seed, client,
@@ -24,6 +27,7 @@ which waits for the evaluation riding on round R+1's message, is saved in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,57 +37,98 @@ from pathlib import Path
 import torch
 
 from ..algorithms import ServerState
+from ..data.manifest import sha256_file
 from ..plan.config import RunConfig
 from ..errors import MpiflError
 
-FORMAT = 1
+FORMAT = 2  # 2: meta.json records every file's size and sha256
 DIRNAME = "checkpoint"
 IDENTITY = ("algo", "data", "model", "seed", "clients_per_domain", "num_clients", "dirichlet", "samples_per_client",
             "percent", "holdout")  # what makes a checkpoint belong to a run
+SERVER_FILE = "server.pt"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What a checkpoint file must be: its size and sha256."""
+
+    nbytes: int
+    sha256: str
 
 
 @dataclass
 class Checkpoint:
-    """What ``meta.json`` says: the complete round and what the run was."""
+    """What ``meta.json`` says: the complete round, what the run was, and every file of the round."""
 
     round: int
     clients: int
     ranks: dict[int, list[int]]  # client rank -> the client ids in its file
     pending: dict | None  # round ``round``'s metrics record, waiting for its evaluation
     identity: dict
+    files: dict[str, FileRecord]  # file name in round-R/ -> its record
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "round": self.round, "clients": self.clients,
                 "ranks": {str(k): v for k, v in self.ranks.items()}, "pending": self.pending,
-                "identity": self.identity}
+                "identity": self.identity,
+                "files": {name: {"bytes": f.nbytes, "sha256": f.sha256} for name, f in self.files.items()}}
 
 
 def round_dir(run_dir: Path, round_index: int) -> Path:
     return Path(run_dir) / DIRNAME / f"round-{round_index}"
 
 
-def _atomic_save(obj, path: Path) -> None:
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+class _Hashing:
+    """A file being written, hashed on the way (what ``torch.save`` writes is what is recorded)."""
+
+    def __init__(self, file):
+        self.file, self.digest, self.nbytes = file, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.nbytes += len(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _atomic_save(obj, path: Path) -> FileRecord:
+    """``torch.save`` to a temporary name, flushed to disk, then renamed onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    with tmp.open("wb") as f:
+        hashing = _Hashing(f)
+        torch.save(obj, hashing)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    return FileRecord(hashing.nbytes, hashing.digest.hexdigest())
 
 
-def save_server(run_dir: Path, round_index: int, state: ServerState) -> None:
-    _atomic_save({"model": state.model, "extra": state.extra}, round_dir(run_dir, round_index) / "server.pt")
+def save_server(run_dir: Path, round_index: int, state: ServerState) -> FileRecord:
+    return _atomic_save({"model": state.model, "extra": state.extra}, round_dir(run_dir, round_index) / SERVER_FILE)
 
 
-def save_clients(run_dir: Path, round_index: int, rank: int, private: dict[int, dict[str, torch.Tensor]]) -> None:
+def save_clients(run_dir: Path, round_index: int, rank: int,
+                 private: dict[int, dict[str, torch.Tensor]]) -> FileRecord:
     """One client rank's hosted clients' private tensors (moved to CPU), keyed by client id."""
     cpu = {cid: {k: v.detach().cpu() for k, v in tensors.items()} for cid, tensors in private.items()}
-    _atomic_save(cpu, round_dir(run_dir, round_index) / f"rank-{rank}.pt")
+    return _atomic_save(cpu, round_dir(run_dir, round_index) / rank_file(rank))
 
 
 def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
     """Make round ``checkpoint.round`` the checkpoint (every file of it is written), drop older rounds."""
     base = Path(run_dir) / DIRNAME
     tmp = base / "meta.json.tmp"
-    tmp.write_text(json.dumps(checkpoint.to_json(), indent=1) + "\n")
+    with tmp.open("w") as f:
+        f.write(json.dumps(checkpoint.to_json(), indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, base / "meta.json")
     for old in base.glob("round-*"):
         if old.name != f"round-{checkpoint.round}":
@@ -101,26 +146,74 @@ def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
     if not path.exists():
         raise MpiflError(f"no checkpoint in {run_dir} (no {DIRNAME}/meta.json); it was run without --ckpt-every "
                          "and never stopped by a signal, so it can only be run again from the start")
-    raw = json.loads(path.read_text())
-    if raw.get("format") != FORMAT:
-        raise MpiflError(f"checkpoint {path} has format {raw.get('format')}, this mpifl reads {FORMAT}; "
-                         "resume it with the mpifl version that wrote it")
-    saved = raw["identity"]
+    checkpoint = _parse(path)
     ours = identity(cfg)
-    differ = [k for k in sorted(set(saved) | set(ours)) if saved.get(k) != ours.get(k)]
+    differ = [k for k in sorted(set(checkpoint.identity) | set(ours)) if checkpoint.identity.get(k) != ours.get(k)]
     if differ:
-        what = ", ".join(f"{k} {saved.get(k)!r} vs {ours.get(k)!r}" for k in differ)
+        what = ", ".join(f"{k} {checkpoint.identity.get(k)!r} vs {ours.get(k)!r}" for k in differ)
         raise MpiflError(f"checkpoint in {run_dir} is of another run ({what}); resume with that run's options "
                          "(they come from its config.json) or start a new run")
-    if raw["clients"] != num_clients:
-        raise MpiflError(f"checkpoint in {run_dir} has {raw['clients']} clients, this run {num_clients}; "
+    if checkpoint.clients != num_clients:
+        raise MpiflError(f"checkpoint in {run_dir} has {checkpoint.clients} clients, this run {num_clients}; "
                          "the dataset changed since; start a new run")
-    return Checkpoint(round=raw["round"], clients=raw["clients"], pending=raw["pending"], identity=saved,
-                      ranks={int(k): v for k, v in raw["ranks"].items()})
+    return checkpoint
+
+
+def _parse(path: Path) -> Checkpoint:
+    damaged = "cannot be resumed; start the run again with another --out (its metrics.jsonl stays as it is)"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise MpiflError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}): the run {damaged}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise MpiflError(f"checkpoint {path} has format {found}, this mpifl reads {FORMAT}; "
+                         "resume it with the mpifl version that wrote it")
+    try:
+        return Checkpoint(round=int(raw["round"]), clients=int(raw["clients"]), pending=raw["pending"],
+                          identity=dict(raw["identity"]), ranks={int(k): list(v) for k, v in raw["ranks"].items()},
+                          files={name: FileRecord(int(f["bytes"]), str(f["sha256"]))
+                                 for name, f in raw["files"].items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise MpiflError(f"checkpoint {path} lacks or garbles {exc}: the run {damaged}") from None
+
+
+def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
+    """Every file of the checkpoint is there with the size and sha256 ``meta.json`` recorded; else one line
+    naming the first file that is not (sizes first: a file cut short is found without reading the rest)."""
+    folder = round_dir(run_dir, checkpoint.round)
+    expected = [SERVER_FILE] + [rank_file(rank) for rank in sorted(checkpoint.ranks)]
+    unrecorded = [name for name in expected if name not in checkpoint.files]
+    if unrecorded:
+        raise MpiflError(f"checkpoint {folder.parent / 'meta.json'} records no {unrecorded[0]}: the checkpoint is "
+                         "damaged and cannot be resumed; start the run again with another --out")
+
+    def refuse(name: str, problem: str):
+        return MpiflError(f"checkpoint file {folder / name} {problem}: the checkpoint of round {checkpoint.round} is "
+                          "damaged and cannot be resumed; start the run again with another --out (its metrics.jsonl "
+                          "stays as it is)")
+
+    for name in expected:
+        path, record = folder / name, checkpoint.files[name]
+        if not path.is_file():
+            raise refuse(name, "is missing")
+        if path.stat().st_size != record.nbytes:
+            raise refuse(name, f"has {path.stat().st_size} bytes, {record.nbytes} when it was written")
+    for name in expected:
+        if sha256_file(folder / name) != checkpoint.files[name].sha256:
+            raise refuse(name, "differs from what was written (sha256)")
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # whatever torch raises for a file it cannot read
+        raise MpiflError(f"cannot load checkpoint file {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                         "it cannot be resumed; start the run again with another --out") from None
 
 
 def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
-    raw = torch.load(round_dir(run_dir, checkpoint.round) / "server.pt", weights_only=True)
+    raw = _torch_load(round_dir(run_dir, checkpoint.round) / SERVER_FILE)
     return ServerState(model=raw["model"], extra=raw["extra"])
 
 
@@ -129,7 +222,7 @@ def load_clients(run_dir: Path, checkpoint: Checkpoint, client_ids: list[int]) -
     wanted, out = set(client_ids), {}
     for rank, ids in sorted(checkpoint.ranks.items()):
         if wanted.intersection(ids):
-            saved = torch.load(round_dir(run_dir, checkpoint.round) / f"rank-{rank}.pt", weights_only=True)
+            saved = _torch_load(round_dir(run_dir, checkpoint.round) / rank_file(rank))
             out.update({cid: saved[cid] for cid in wanted.intersection(ids)})
     missing = sorted(wanted - set(out))
     if missing:

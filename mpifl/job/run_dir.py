@@ -1,35 +1,46 @@
-"""The run directory: ``--out`` or ``runs/<algo>-<data>-<model>-s<seed>-<time>``, with the resolved
-``config.json`` that ``--config`` and ``--resume`` read back."""
+"""The run directory: ``--out`` or ``runs/<algo>-<data>-<model>-s<seed>-<time>``, which belongs to one run.
+
+Rank 0 owns it, in three steps, so that results are never lost, overwritten or mixed, and a refused command
+changes nothing on disk:
+
+1. **check** while setting up, writing nothing: a new run's directory may not be a file, have a name the file
+   system cannot hold, or hold any file a run writes (:data:`RUN_FILES`: a finished run, a run stopped before its
+   first record, one that crashed while starting); a resumed run's directory is claimed (next step) for the
+   checks of its checkpoint;
+2. **claim** (:mod:`mpifl.dirlock`): a run holds its directory for its whole life, so a second run, or a resume,
+   of the same directory is refused while the first lives; the claim ends with the process however it ends,
+   and a crashed run's directory is resumable at once;
+3. **open** once every rank has set up: create a new directory (claimed, then checked again, which settles a race
+   between two runs given the same ``--out``), write the resolved ``config.json`` that ``--config`` and
+   ``--resume`` read back.
+"""
 
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 import os
 from pathlib import Path
 
+from ..dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, holder, try_lock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 
-
-def make_run_dir(cfg: RunConfig) -> Path:
-    """A new run's directory with its ``config.json``; refused if ``--out`` already holds a run."""
-    if cfg.out:
-        path = Path(cfg.out)
-        if (path / "metrics.jsonl").exists():
-            raise MpiflError(f"run directory {path} already holds a run; pass another --out or remove it")
-    else:
-        path = default_run_dir(cfg)
-    path.mkdir(parents=True, exist_ok=True)
-    _write_config(path, cfg)
-    return path
+#: What a run writes into its directory (``--holdout all``: a folder of fold runs and their table).
+RUN_FILES = ("config.json", "metrics.jsonl", "log.txt", "summary.csv", "summary.md", "checkpoint",
+             "traceback-rank*.txt", "holdout-*", "config.json.tmp", "metrics.jsonl.tmp")
 
 
-def resume_run_dir(cfg: RunConfig) -> Path:
-    """The resumed run's directory; its ``config.json`` takes the new --rounds etc."""
-    path = Path(cfg.out)
-    _write_config(path, cfg)
-    return path
+def run_files(path: Path) -> list[str]:
+    """The names in ``path`` that a run writes, sorted."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise MpiflError(f"cannot read the run directory {path} ({exc.strerror}); pass a readable --out") from None
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, pattern) for pattern in RUN_FILES))
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -42,8 +53,85 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
-def _write_config(path: Path, cfg: RunConfig) -> None:
-    """Atomically (temp file + rename): the other ranks of a resumed run may be reading it."""
+def check_new(path: Path) -> None:
+    """Refuse (one line, nothing written) a directory a new run cannot own."""
+    _check_creatable(path)
+    if (path / LOCK_NAME).exists():  # a live run's (refused here, naming it), or a crashed one's
+        probe = claim(path)
+        if probe is not None:
+            probe.release()
+    found = run_files(path)
+    if found:
+        resumable = (path / "checkpoint" / "meta.json").is_file()
+        raise MpiflError(f"run directory {path} already holds a run ({', '.join(found)}); a run directory belongs "
+                         "to one run: pass another --out" + (f", or --resume {path} to continue that run" if resumable
+                                                             else ", or remove it"))
+
+
+def _check_creatable(path: Path) -> None:
+    """``path`` is a directory, or can be made one: no file in the way, names the file system can hold."""
+    absolute = path.absolute()
+    existing = next(p for p in [absolute, *absolute.parents] if _lexists(p))
+    limit = os.pathconf(existing, "PC_NAME_MAX") if existing.is_dir() else 255
+    for name in absolute.relative_to(existing).parts:
+        if len(name.encode()) > limit:
+            raise MpiflError(f"cannot create the run directory {path}: the name {name[:24]}... has "
+                             f"{len(name.encode())} bytes, more than the {limit} the file system allows; pass a "
+                             "shorter --out")
+    if not existing.is_dir():
+        if existing == absolute:
+            raise MpiflError(f"--out {path} is a file, not a directory; pass a directory for the run")
+        raise MpiflError(f"cannot create the run directory {path}: {existing} is a file; pass another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MpiflError(f"cannot create the run directory {path}: {existing} is not writable; pass another --out")
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:  # missing, or a name too long to look up
+        return False
+    return True
+
+
+def claim(path: Path) -> DirectoryLock | None:
+    """Hold ``path`` (an existing directory) for this run; refused while another run holds it.  None: the file
+    system keeps no locks, and only the checks of :func:`check_new` keep runs apart."""
+    try:
+        lock = try_lock(path)
+    except LocksUnsupported:
+        return None
+    except OSError as exc:
+        raise MpiflError(f"cannot claim the run directory {path} ({exc.strerror}); pass a writable --out") from None
+    if lock is None:
+        who = holder(path) or "a run that is starting"
+        raise MpiflError(f"run directory {path} is in use by another run ({who}); wait for it to end or pass "
+                         "another --out")
+    return lock
+
+
+def open_new(path: Path, cfg: RunConfig) -> DirectoryLock | None:
+    """Create, claim and check again a new run's directory, and write its ``config.json``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MpiflError(f"cannot create the run directory {path} ({exc.strerror}); pass another --out") from None
+    lock = claim(path)
+    found = run_files(path)
+    if found:  # another run took it between the check and now
+        if lock is not None:
+            lock.release()
+        raise MpiflError(f"run directory {path} was taken by another run while this one set up ({', '.join(found)}); "
+                         "pass another --out")
+    write_config(path, cfg, lock)
+    return lock
+
+
+def write_config(path: Path, cfg: RunConfig, lock: DirectoryLock | None) -> None:
+    """``config.json``, atomically (temp file + rename: the other ranks of a resumed run read it); and who holds
+    the directory, for the message of a second run refused."""
     tmp = path / "config.json.tmp"
     tmp.write_text(json.dumps(cfg.to_flat(), indent=2) + "\n")
     os.replace(tmp, path / "config.json")
+    if lock is not None:
+        lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")

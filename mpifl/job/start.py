@@ -4,14 +4,17 @@ Over MPI (``mpirun -n R``, ``srun``) each rank is a process; started without a l
 one client host are two threads of this process (:mod:`mpifl.transport.inprocess`).  Either way:
 
 1. every rank resolves the same configuration (a bad option: rank 0 says so once, every rank exits 2);
-2. set-up steps run on every rank, collectively (:func:`collectively`): rank 0 makes the run directory
+2. set-up steps run on every rank, collectively (:func:`collectively`): rank 0 checks the run directory
    and reads what a Dirichlet split needs, every rank builds the same session, each client rank loads
-   its clients' data; a failure anywhere is printed once by rank 0 and every rank exits;
+   its clients' data (and a resumed run's checkpoint, which rank 0 verifies), and only then does rank 0
+   write into the run directory; a failure anywhere is printed once by rank 0, every rank exits, and
+   nothing on disk has changed;
 3. rank 0 serves (:func:`mpifl.server.serve.serve`), the others host clients
    (:class:`mpifl.client.host.ClientHost`); a failure while training ends the whole job promptly
    (``Comm.abort``: ``MPI_Abort``, or every thread of an in-process run) from the failing rank, after
    that rank printed its one line (the traceback of a bug goes to ``<run>/traceback-rank<k>.txt``);
-4. a stop signal (SIGTERM, SIGUSR1) ends the run at the next round with a checkpoint and exit code 75.
+4. a stop signal (SIGTERM, SIGUSR1, SIGINT) on any rank ends the run at the next round with a checkpoint
+   and exit code 75 (:mod:`mpifl.job.signals`).
 """
 
 from __future__ import annotations
@@ -30,26 +33,29 @@ import torch
 from ..client.devices import pick_device, threads_for
 from ..client.host import ClientHost
 from ..data import ensure_dataset
+from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
-from ..plan.session import make_session, read_labels
+from ..plan.session import Session, make_session, read_labels
 from ..server.run_log import fold_summary
 from ..server.serve import serve
 from ..transport.comm import Comm
 from ..transport.inprocess import run_threads
+from .checkpoint import Checkpoint
 from .checkpoint import load as load_checkpoint
-from .run_dir import default_run_dir, make_run_dir, resume_run_dir
+from .checkpoint import verify as verify_checkpoint
+from .run_dir import check_new, claim, default_run_dir, open_new, write_config
 from .signals import EXIT_STOPPED, StopRequest
 from .world import launched_world
 
 T = TypeVar("T")
-STOP = StopRequest()  # SIGUSR1/SIGTERM seen by this process (acted upon by rank 0 between rounds)
 IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host
 
 
 def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool, resume: str | None) -> None:
     """Run the command on this process's rank (or, without a launcher, on every rank, as threads)."""
-    STOP.install()  # first thing: a stop signal during start-up must not kill a rank
+    stop = StopRequest()  # a stop signal seen by this process (acted upon by rank 0 between rounds)
+    stop.install()  # first thing: a stop signal during start-up must not kill a rank
     rank, size = launched_world()
     comm = None
     if size > 1:
@@ -65,9 +71,9 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
     if show_manifest:
         return
     if comm is not None:
-        run_rank(cfg, comm, resume is not None)
+        run_rank(cfg, comm, stop, resume is not None)
     else:
-        run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, resume is not None))
+        run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, stop, resume is not None))
 
 
 def configure(comm: Comm | None, build: Callable[[], tuple[RunConfig, list[str]]],
@@ -91,68 +97,107 @@ def configure(comm: Comm | None, build: Callable[[], tuple[RunConfig, list[str]]
         sys.exit(exc.exit_code)
 
 
-def run_rank(cfg: RunConfig, comm: Comm, resume: bool) -> None:
+def run_rank(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool) -> None:
     """One rank's whole job: every fold of ``--holdout all``, or the one run."""
     # the server gives up first, so a hung client is named once by it; a hung server is found by
     # client rank 1, whose abort ends the job well before rank 2's clock (3 s later) runs out
     comm.timeout = cfg.round_timeout + 3 * comm.rank if cfg.round_timeout else None
     if cfg.holdout == "all":
-        _run_all_folds(cfg, comm)
+        _run_all_folds(cfg, comm, stop)
     else:
-        _run(cfg, comm, resume=resume)
+        _run(cfg, comm, stop, resume=resume)
 
 
-def _run_all_folds(cfg: RunConfig, comm: Comm) -> None:
+def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest) -> None:
     """``--holdout all``: one leave-one-domain-out run per domain, in <out>/holdout-<domain>, then a fold table."""
     base = Path(cfg.out) if cfg.out else default_run_dir(cfg)
-    manifest = collectively(comm, lambda: None, lambda: ensure_dataset(cfg.data_root, cfg.data)
-                            if comm.rank == 0 else None)
+
+    def check():
+        if comm.rank == 0:
+            check_new(base)
+            return ensure_dataset(cfg.data_root, cfg.data)
+        return None
+
+    manifest = collectively(comm, lambda: None, check)
     domains = comm.bcast_object(manifest.domains if comm.rank == 0 else None)
     for domain in domains:
-        _run(dataclasses.replace(cfg, holdout=domain, out=str(base / f"holdout-{domain}")), comm)
+        _run(dataclasses.replace(cfg, holdout=domain, out=str(base / f"holdout-{domain}")), comm, stop)
     if comm.rank == 0:
         table = fold_summary({d: base / f"holdout-{d}" for d in domains})
         (base / "summary.md").write_text(table)
         print(table)
 
 
-def _run(cfg: RunConfig, comm: Comm, resume: bool = False) -> None:
-    run_dir: Path | None = Path(cfg.out) if resume else None
+def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) -> None:
+    """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.job.run_dir`): it checks it while the
+    ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
+    owner: DirectoryLock | None = None  # rank 0's claim on the run directory
+    traceback_dir: Path | None = None  # where a bug's traceback goes: the run directory once it is this run's
 
-    def setup_dataset():
-        nonlocal run_dir
-        if comm.rank == 0:
-            run_dir = resume_run_dir(cfg) if resume else make_run_dir(cfg)
-            return read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
-        return None
+    def check_run_dir():
+        nonlocal owner, traceback_dir
+        if comm.rank != 0:
+            return None
+        path = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+        if resume:
+            owner, traceback_dir = claim(path), path
+        else:
+            check_new(path)
+        return str(path), read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
 
-    labels = collectively(comm, lambda: run_dir, setup_dataset)
-    # the run directory, and the labels a Dirichlet split needs
-    run_dir, labels = comm.bcast_object((str(run_dir) if run_dir else None, labels))
-    run_dir = Path(run_dir)
-    layout = comm.node_layout()
+    try:
+        # the run directory, and the labels a Dirichlet split needs
+        run_dir, labels = comm.bcast_object(collectively(comm, lambda: traceback_dir, check_run_dir))
+        run_dir = Path(run_dir)
+        layout = comm.node_layout()
 
-    def setup_ranks():
-        session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=comm.size - 1,
-                               labels=labels)
-        resumed = load_checkpoint(run_dir, cfg, len(session.clients)) if resume else None
-        if resumed and resumed.round >= cfg.rounds:
-            raise MpiflError(f"{run_dir} is checkpointed after round {resumed.round}; pass --rounds above "
-                             f"{resumed.round} to continue it")
-        if comm.rank == 0:
-            torch.set_num_threads(1)
-            return session, None, resumed
-        torch.set_num_threads(threads_for(layout, cfg.threads))
-        return session, ClientHost(session, comm, pick_device(cfg.device, layout), run_dir, resumed), resumed
+        def setup_ranks():
+            session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=comm.size - 1,
+                                   labels=labels)
+            resumed = load_checkpoint(run_dir, cfg, len(session.clients)) if resume else None
+            if resumed and resumed.round >= cfg.rounds:
+                raise MpiflError(f"{run_dir} is checkpointed after round {resumed.round}; pass --rounds above "
+                                 f"{resumed.round} to continue it")
+            if comm.rank == 0:
+                if resumed:  # before any rank is told to go on: nothing is touched over a damaged checkpoint
+                    verify_checkpoint(run_dir, resumed)
+                torch.set_num_threads(1)
+                return session, None, resumed
+            torch.set_num_threads(threads_for(layout, cfg.threads))
+            return session, ClientHost(session, comm, pick_device(cfg.device, layout), run_dir, resumed,
+                                       stop), resumed
 
-    session, host, resumed = collectively(comm, lambda: run_dir, setup_ranks)
+        session, host, resumed = collectively(comm, lambda: traceback_dir, setup_ranks)
+
+        def open_run_dir():  # every rank is set up: the run may write
+            nonlocal owner, traceback_dir
+            if comm.rank == 0:
+                if resume:
+                    write_config(run_dir, cfg, owner)
+                else:
+                    owner = open_new(run_dir, cfg)
+                traceback_dir = run_dir
+                if owner is None:
+                    _err(f"mpifl: warning: the file system of {run_dir} keeps no file locks: a second run given "
+                         "the same --out while this one runs is not refused")
+
+        collectively(comm, lambda: traceback_dir, open_run_dir)
+        _serve_or_host(cfg, comm, session, host, run_dir, resumed, stop)
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Path,
+                   resumed: Checkpoint | None, stop: StopRequest) -> None:
+    """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
     # where each rank runs, so the log maps a launcher's "PID ... EXIT CODE: 9" to a rank
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
     processes = comm.gather_object(f"{where} on {socket.gethostname()}, {torch.get_num_threads()} threads"
                                    + (f", {host.placement_note()}" if host else ""))
     try:
         if comm.rank == 0:
-            stopped_by = serve(cfg, comm, session, run_dir, resumed, STOP, processes)
+            stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes)
         else:
             host.run()
             stopped_by = host.stopped

@@ -8,7 +8,8 @@ rank stops.  Which message carries what is the round protocol's (:mod:`mpifl.pla
 
 Checkpoints (:mod:`mpifl.job.checkpoint`) ride on messages too: the message of round r+1 carries the
 SAVE flag when round r is to be checkpointed (``--ckpt-every``, the last round, or a stop signal), and a
-STOP message replaces round r+1 when a stop signal arrived during round r.
+STOP message replaces round r+1 when a stop signal arrived during round r, here or on a client rank (which
+reports it in its upload).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms import Uploads
-from ..job.checkpoint import Checkpoint, commit, identity, load_server, save_server
+from ..job.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
 from ..job.faults import maybe_inject
 from ..job.signals import StopRequest
 from ..plan.protocol import RoundPlan, RoundProtocol
@@ -49,20 +50,20 @@ class Server:
         self.algo = session.algo
         self.protocol = RoundProtocol(session, start=resumed.round if resumed else 0)
         self.state = load_server(run_dir, resumed) if resumed else self.algo.init_server(session.initial)
-        self.stopped_by: str | None = None  # the signal that stopped the run early, if one did
+        self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
 
     def run(self) -> None:
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank, lambda exchange: [])
         for r in self.protocol.rounds():
-            stop_requested = self.stop.signal_name is not None
+            stop_requested = self.stop.requested
             started = time.perf_counter()
             maybe_inject(rank=0, client=-1, round_index=r)
             messages = self.protocol.open(r)
             header = self.protocol.header(r, stop_requested)
             if header.saves:  # the state after round r-1, and its record still waiting for an evaluation
-                save_server(self.run_dir, r - 1, self.state)
+                server_file = save_server(self.run_dir, r - 1, self.state)
                 pending = copy.deepcopy(self.log.pending)
             down = self.down_buffer.get(messages.down.nbytes)
             waiting, moving = self.comm.seconds_waiting, self.comm.seconds_moving
@@ -71,13 +72,19 @@ class Server:
             self.comm.bcast(down)
             plan = self.protocol.plan(header, messages)
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
-            seconds, evals, uploads = self._decode(messages, plan, segments)
-            if header.saves:  # the gather proves every client rank has written its file
+            reports, evals, uploads = self._decode(messages, plan, segments)
+            for rank, report in enumerate(reports, start=1):
+                if report["rank.stop"]:
+                    self.stop.heard_on(rank, int(report["rank.stop"]))
+            if header.saves:  # the gather proves every client rank has written its file, and says what it wrote
+                files = {SERVER_FILE: server_file} | {
+                    rank_file(rank): FileRecord(int(report["rank.saved_bytes"]), bytes(report["rank.saved_sha256"]).hex())
+                    for rank, report in enumerate(reports, start=1)}
                 commit(self.run_dir, Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
                                                 ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
-                                                identity=identity(self.session.cfg)))
+                                                identity=identity(self.session.cfg), files=files))
             if header.action == STOP:
-                self.stopped_by, self.stopped_after = self.stop.signal_name, r - 1
+                self.stopped_by, self.stopped_after = self.stop.describe(), r - 1
                 break
             if header.evaluate != NO_EVAL:
                 self.log.add_eval(header.evaluate, summarize_eval(evals, self.algo.evaluates, self.session.domain_of,
@@ -89,6 +96,7 @@ class Server:
             aggregated_from = time.perf_counter()
             self.algo.aggregate(self.state, uploads)
             finished = time.perf_counter()
+            seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
             self.log.add_round(self._record(r, messages, uploads, seconds, plan, down.nbytes, {
                 "round": finished - started, "communication": self.comm.seconds_moving - moving,
                 "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
@@ -102,18 +110,18 @@ class Server:
             self.on_round(self.log.records[-1]["round"], self.log.last_mean_acc())
 
     def _decode(self, messages: Messages, plan: RoundPlan, segments):
-        """Rank timings, {client: eval scores}, and the round's uploads in client-id order."""
-        seconds, evals, by_client = [], {}, {}
+        """Each client rank's report, {client: eval scores}, and the round's uploads in client-id order."""
+        reports, evals, by_client = [], {}, {}
         for rank, work in enumerate(plan.work, start=1):
-            sec, eval_segs, client_segs = messages.segments(segments[rank], len(work.trains), len(work.evaluates))
-            seconds.append(messages.seconds.unpack(sec)["rank.seconds"])
+            report, eval_segs, client_segs = messages.segments(segments[rank], len(work.trains), len(work.evaluates))
+            reports.append(messages.rank.unpack(report))
             evals.update((c, messages.eval.unpack(s)["client.eval"]) for c, s in zip(work.evaluates, eval_segs))
             by_client.update((c, messages.client.unpack(s)) for c, s in zip(work.trains, client_segs))
         views = [by_client[c] for c in plan.sampled]
         uploads = Uploads(clients=np.array(plan.sampled, dtype=np.int64),
                           meta=records([v["client.meta"] for v in views], CLIENT_META),
                           tensors={n: [v[n] for v in views] for n in messages.upload_names})
-        return records(seconds, RANK_SECONDS), evals, uploads
+        return reports, evals, uploads
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, plan: RoundPlan,
                 down_bytes: int, server_seconds: dict) -> dict:

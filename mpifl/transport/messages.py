@@ -4,7 +4,9 @@ Down (one ``Bcast``): a header (command, round, which round to evaluate)
 followed by the algorithm's download tensors.
 
 Up (one ``Gatherv``): each client rank sends, in this order,
-  1. its timings (``rank.seconds``),
+  1. its report: timings (``rank.seconds``), the stop signal it received, if any (``rank.stop``, so that a
+     signal reaching one rank stops the whole job), and, when the header asked it to save, the size and
+     sha256 of the checkpoint file it wrote (``rank.saved_bytes``, ``rank.saved_sha256``),
   2. if the header asked for evaluation, one ``client.eval`` block per hosted
      client, ascending id: model kind x split (val, test) x (loss sum,
      correct, count),
@@ -63,14 +65,16 @@ class Messages:
         self.client = WireLayout(policy.upload + [
             TensorSpec("client.meta", (len(CLIENT_META.names),), torch.float64)])
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
-        self.seconds = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64)])
+        self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
+                                TensorSpec("rank.stop", (), torch.int64), TensorSpec("rank.saved_bytes", (), torch.int64),
+                                TensorSpec("rank.saved_sha256", (32,), torch.uint8)])
         self.download_names = [s.name for s in policy.download]
         self.upload_names = [s.name for s in policy.upload]
         self.policy_down_bytes = sum(s.nbytes for s in policy.download)
         self.policy_up_bytes = sum(s.nbytes for s in policy.upload)
 
     def upload_bytes(self, num_trained: int, num_evaluated: int) -> int:
-        return self.seconds.nbytes + num_evaluated * self.eval.nbytes + num_trained * self.client.nbytes
+        return self.rank.nbytes + num_evaluated * self.eval.nbytes + num_trained * self.client.nbytes
 
     def pack_down(self, header: Header, download: dict[str, torch.Tensor], out: np.ndarray) -> None:
         scalars = {"round.command": header.command, "round.index": header.round, "round.evaluate": header.evaluate}
@@ -83,8 +87,8 @@ class Messages:
         return header, {name: torch.as_tensor(views[name]) for name in self.download_names}
 
     def segments(self, buf: Buffer, num_trained: int, num_evaluated: int):
-        """Byte slices (seconds, [eval per hosted client], [upload per trained client]) of one rank's upload."""
-        s, e, c = self.seconds.nbytes, self.eval.nbytes, self.client.nbytes
+        """Byte slices (report, [eval per hosted client], [upload per trained client]) of one rank's upload."""
+        s, e, c = self.rank.nbytes, self.eval.nbytes, self.client.nbytes
         base = s + num_evaluated * e
         if buf.nbytes != base + num_trained * c:
             raise ValueError(f"upload of {buf.nbytes} bytes, expected {base + num_trained * c}")

@@ -26,17 +26,17 @@ def make_checkpoint(run_dir, data_root, algo="fedbn", shift=0.1, **options):
                    "rounds": 1, "out": str(run_dir), **options}, {}, declared)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_flat()))
     session = make_session(cfg, ensure_dataset(data_root, "styledigits"), num_hosts=2)
-    save_server(run_dir, 1, session.algo.init_server(session.initial))
+    files = {"server.pt": save_server(run_dir, 1, session.algo.init_server(session.initial))}
     clients = {c.id: session.algo.init_client(c, session.initial) for c in session.clients}
     for cid, client in clients.items():
         for key, value in client.private.items():
             if key.endswith("running_mean"):
                 value += cid * shift
     for h, ids in enumerate(session.placement):
-        save_clients(run_dir, 1, h + 1, {c: clients[c].private for c in ids})
+        files[f"rank-{h + 1}.pt"] = save_clients(run_dir, 1, h + 1, {c: clients[c].private for c in ids})
     commit(run_dir, Checkpoint(round=1, clients=len(clients), ranks={h + 1: ids for h, ids in
                                                                      enumerate(session.placement)},
-                               pending=None, identity=identity(cfg)))
+                               pending=None, identity=identity(cfg), files=files))
     return run_dir
 
 

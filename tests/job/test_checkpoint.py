@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from mpifl.algorithms import ServerState, get_algorithm
-from mpifl.job.checkpoint import Checkpoint, commit, identity, load, load_clients, save_clients, save_server
+from mpifl.data.manifest import sha256_file
+from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_clients, save_clients,
+                                  save_server, verify)
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.errors import MpiflError
 
-from ..conftest import launch, read_metrics, run_in_process
+from ..conftest import launch, read_metrics, run_here, run_in_process
+from .test_run_dir import one_error, snapshot
 
 ALGO = "fedbn"  # private BN layers: the client ranks' state must survive the restart too
 
@@ -80,27 +84,76 @@ def test_a_crash_after_a_checkpoint_leaves_it_intact_and_resumable(data_root, tm
     assert numbers(run) == uninterrupted  # rounds logged after the checkpoint were dropped and redone
 
 
-@pytest.mark.parametrize("extra,pattern", [
-    (("--lr", "0.5"), "drop --lr (only --rounds"),
-    (("--out", "elsewhere"), "drop --out"),
+@pytest.fixture(scope="module")
+def checkpointed(data_root, tmp_path_factory):
+    """A finished 2-round run checkpointed after round 2 (in this process); tests damage copies of it."""
+    run = tmp_path_factory.mktemp("checkpointed") / "run"
+    job = run_here(*_args(data_root, run, "--rounds", "2", "--ckpt-every", "2"))
+    assert job.returncode == 0, job.stderr
+    return run
+
+
+def _copy(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_the_command_that_started_a_run_plus_resume_continues_it(data_root, checkpointed, tmp_path):
+    run = _copy(checkpointed, tmp_path)
+    config = tmp_path / "exp.yaml"
+    config.write_text("algo: fedbn\nfraction: 0.6\n")
+    job = run_here(*_args(data_root, run, "--config", str(config), "--resume", str(run), "--rounds", "3"))
+    assert job.returncode == 0, job.stderr
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (("--lr", "0.5"), "--lr 0.5 (the run has 0.01)"),
+    (("--algo", "fedavg", "--seed", "3"), "--algo fedavg (the run has fedbn), --seed 3 (the run has 0)"),
+    (("--out", "elsewhere"), "--out elsewhere (the run has "),
 ])
-def test_resume_refuses_to_change_what_the_run_computes(tmp_path, extra, pattern):
-    (tmp_path / "config.json").write_text(json.dumps({"algo": "fedavg"}))
-    job = run_in_process("--resume", str(tmp_path), *extra, timeout=60)
-    assert job.returncode == 2 and pattern in job.stderr and len(job.stderr.strip().splitlines()) == 1
+def test_resume_refuses_a_real_change_naming_it_and_changes_nothing(checkpointed, tmp_path, extra, named):
+    run = _copy(checkpointed, tmp_path)
+    before = snapshot(run)
+    job = run_here("--resume", str(run), *extra)
+    assert job.returncode == 2
+    one_error(job, "this command changes " + named, "only --rounds, --data-root")
+    assert snapshot(run) == before
 
 
-def test_resume_without_a_checkpoint_or_past_its_rounds_is_refused(data_root, tmp_path):
-    run = tmp_path / "run"
-    assert run_in_process(*_args(data_root, run, "--rounds", "1"), timeout=120).returncode == 0
-    job = run_in_process("--resume", str(run), "--rounds", "2", timeout=60)
-    assert job.returncode == 2 and "no checkpoint in" in job.stderr
-    (run / "checkpoint").mkdir()
-    flat = json.loads((run / "config.json").read_text())
-    cfg = resolve(flat, {}, {o.name: o for o in get_algorithm(flat["algo"]).options})
-    commit(run, Checkpoint(round=1, clients=5, ranks={}, pending=None, identity=identity(cfg)))
-    job = run_in_process("--resume", str(run), "--rounds", "1", timeout=60)
-    assert job.returncode == 2 and "pass --rounds above 1" in job.stderr
+@pytest.mark.parametrize("damage,named", [
+    (lambda rd: rd.joinpath("server.pt").write_bytes(rd.joinpath("server.pt").read_bytes()[:5000]),
+     "server.pt has 5000 bytes, "),
+    (lambda rd: rd.joinpath("rank-1.pt").unlink(), "rank-1.pt is missing"),
+    (lambda rd: rd.joinpath("rank-1.pt").write_bytes(rd.joinpath("rank-1.pt").read_bytes()[::-1]),
+     "rank-1.pt differs from what was written (sha256)"),
+    (lambda rd: rd.parent.joinpath("meta.json").write_text(rd.parent.joinpath("meta.json").read_text()[:40]),
+     "meta.json is unreadable (JSONDecodeError"),
+])
+def test_a_damaged_checkpoint_is_named_before_anything_is_touched(checkpointed, tmp_path, damage, named):
+    run = _copy(checkpointed, tmp_path)
+    damage(run / "checkpoint" / "round-2")
+    before = snapshot(run)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, str(run / "checkpoint"), named, "cannot be resumed")
+    assert snapshot(run) == before  # the finished run's metrics.jsonl keeps its last record
+
+
+def test_resume_without_a_checkpoint_or_past_its_rounds_is_refused_and_changes_nothing(checkpointed, tmp_path):
+    run = _copy(checkpointed, tmp_path)
+    before = snapshot(run)
+    for rounds in ("2", "1"):
+        job = run_here("--resume", str(run), "--rounds", rounds)
+        assert job.returncode == 2
+        one_error(job, "is checkpointed after round 2; pass --rounds above 2")
+        assert snapshot(run) == before  # config.json still says 2 rounds
+    shutil.rmtree(run / "checkpoint")
+    before = snapshot(run)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, f"no checkpoint in {run}")
+    assert snapshot(run) == before
 
 
 def _cfg(**kw):
@@ -110,7 +163,7 @@ def _cfg(**kw):
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     commit_to = tmp_path / "checkpoint"
     commit_to.mkdir()
-    commit(tmp_path, Checkpoint(round=2, clients=5, ranks={1: [0]}, pending=None, identity=identity(_cfg())))
+    commit(tmp_path, Checkpoint(round=2, clients=5, ranks={1: [0]}, pending=None, identity=identity(_cfg()), files={}))
     assert load(tmp_path, _cfg(), 5).round == 2
     with pytest.raises(MpiflError, match="another run .*algo 'fedavg' vs 'fedprox'"):
         load(tmp_path, _cfg(algo="fedprox"), 5)
@@ -120,13 +173,17 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
 
 def test_files_round_trip_and_commit_keeps_only_the_named_round(tmp_path):
     for r in (2, 4):
-        save_server(tmp_path, r, ServerState(model={"w": torch.full((2,), float(r))}, extra={"m": torch.ones(1)}))
-        save_clients(tmp_path, r, 1, {0: {"p": torch.tensor([r, 0.5])}})
-        save_clients(tmp_path, r, 2, {3: {"p": torch.tensor([r, 1.5])}})
+        files = {"server.pt": save_server(tmp_path, r, ServerState(model={"w": torch.full((2,), float(r))},
+                                                                   extra={"m": torch.ones(1)})),
+                 "rank-1.pt": save_clients(tmp_path, r, 1, {0: {"p": torch.tensor([r, 0.5])}}),
+                 "rank-2.pt": save_clients(tmp_path, r, 2, {3: {"p": torch.tensor([r, 1.5])}})}
         commit(tmp_path, Checkpoint(round=r, clients=4, ranks={1: [0], 2: [3]}, pending={"round": r},
-                                    identity=identity(_cfg())))
+                                    identity=identity(_cfg()), files=files))
     assert [p.name for p in (tmp_path / "checkpoint").glob("round-*")] == ["round-4"]
     meta = load(tmp_path, _cfg(), 4)
+    verify(tmp_path, meta)  # sizes and sha256 computed while writing are those of the files
+    assert meta.files["rank-2.pt"] == FileRecord((tmp_path / "checkpoint/round-4/rank-2.pt").stat().st_size,
+                                                 sha256_file(tmp_path / "checkpoint/round-4/rank-2.pt"))
     assert meta.pending == {"round": 4}
     assert torch.equal(load_clients(tmp_path, meta, [3, 0])[3]["p"], torch.tensor([4, 1.5]))
     with pytest.raises(MpiflError, match=r"lacks the state of clients \[1\]"):

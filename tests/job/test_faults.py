@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,24 +24,39 @@ def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "50", *extra]
 
 
-def test_a_rank_killed_like_by_the_oom_killer_ends_the_job_and_the_log_names_its_pid(data_root, tmp_path):
-    job = launch(3, *_args(data_root, tmp_path / "r"), env={"MPIFL_FAULT": "kill:rank=2,round=2"}, timeout=90)
-    assert job.returncode != 0 and job.seconds < 60
-    pid = next(line for line in (tmp_path / "r" / "log.txt").read_text().splitlines() if line.startswith("rank 2 ("))
-    assert pid.split("pid ")[1].split()[0] in job.stdout + job.stderr  # the launcher's report names that process
+def pids(run) -> dict[int, str]:
+    """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how README finds a rank by its pid."""
+    lines = [line for line in (run / "log.txt").read_text().splitlines() if line.startswith("rank ")]
+    return {int(line.split()[1]): line.split("(pid ")[1].split()[0] for line in lines}
+
+
+def test_a_rank_killed_like_by_the_oom_killer_ends_the_job_promptly_and_the_log_maps_ranks_to_pids(data_root,
+                                                                                                   tmp_path):
+    """No rank can say which one died: MPICH ends the others within milliseconds (README, Faults, says how to find
+    it from the pid the kernel or the launcher names); the job must end promptly, its checkpoint intact."""
+    run = tmp_path / "r"
+    job = launch(3, *_args(data_root, run, "--ckpt-every", "1"), env={"MPIFL_FAULT": "kill:rank=2,round=3"},
+                 timeout=90)
+    assert job.returncode != 0 and job.seconds < 30
+    assert sorted(pids(run)) == [0, 1, 2] and len(set(pids(run).values())) == 3
+    # round 2's files were being written when rank 2 died in round 3: the committed checkpoint is round 1's
+    assert json.loads((run / "checkpoint" / "meta.json").read_text())["round"] == 1
 
 
 @pytest.mark.parametrize("fault,waiting_for", [
-    ("hang:rank=1,round=2", "the clients' uploads"),  # a client rank stops answering: the server says so
-    ("hang:rank=0,round=2", "the server's broadcast"),  # the server stops: client rank 1 says so
+    ("hang:rank=1,round=2", "the clients' uploads"),  # a client rank stops answering: the server names it
+    ("hang:rank=0,round=2", "the server's broadcast"),  # the server stops: client rank 1 names it
 ])
-def test_round_timeout_turns_a_hang_into_one_clean_failure(data_root, tmp_path, fault, waiting_for):
-    job = launch(3, *_args(data_root, tmp_path / "r", "--round-timeout", "15"), env={"MPIFL_FAULT": fault},
-                 timeout=120)
+def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_host(data_root, tmp_path, fault,
+                                                                                   waiting_for):
+    run = tmp_path / "r"
+    job = launch(3, *_args(data_root, run, "--round-timeout", "15"), env={"MPIFL_FAULT": fault}, timeout=120)
     assert job.returncode == 2
     errors = job.lines("mpifl: error")
     assert len(errors) == 1 and f"s waiting for {waiting_for}" in errors[0], job.stderr
     assert "timed out after 1" in errors[0]  # 15 s on the server, a second more per client rank
+    hung = int(fault[len("hang:rank=")])
+    assert f": rank {hung} (pid {pids(run)[hung]} on {socket.gethostname()}) stopped answering" in errors[0]
     assert "Traceback" not in job.stderr
 
 
@@ -62,29 +78,67 @@ def test_in_one_process_a_failing_or_hung_rank_ends_the_run_at_once_with_one_lin
         rank = fault[len("raise:rank=")]
         assert job.returncode == 1 and lines[0].startswith(f"mpifl: rank {rank} failed: RuntimeError: injected fault")
         assert (tmp_path / "r" / f"traceback-rank{rank}.txt").exists()
-    else:  # the server hangs: the client host times out, and the process ends without it
-        assert job.returncode == 2 and "waiting for the server's broadcast" in lines[0]
+    else:  # the server hangs: the client host times out, names it, and the process ends without it
+        assert job.returncode == 2 and "waiting for the server's broadcast: rank 0 (pid" in lines[0]
+        assert "main thread) stopped answering" in lines[0]
 
 
-def test_sigusr1_to_mpirun_checkpoints_and_exits_75(data_root, tmp_path):
-    """What Slurm's --signal does before a time limit: the launcher forwards the signal to every rank."""
-    run = tmp_path / "r"
+def _started(command: list[str], run) -> subprocess.Popen:
+    """``command`` started, once its run has written its first record."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([mpirun_path(), "-n", "3", sys.executable, "-m", "mpifl.run", *_args(data_root, run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"the run did not start: {proc.communicate()[1]}")
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.mark.parametrize("signum,to,said", [
+    (signal.SIGUSR1, "mpirun", "SIGUSR1"),  # Slurm's --signal before a time limit: mpirun forwards it to every rank
+    (signal.SIGINT, "mpirun", "SIGINT"),  # Ctrl-C: MPICH's mpirun forwards the first to every rank
+    (signal.SIGTERM, "rank 2", "SIGTERM on rank 2"),  # one node of a job preempted: only its ranks hear it
+])
+def test_a_stop_signal_checkpoints_the_whole_job_says_so_once_and_exits_75(data_root, tmp_path, signum, to, said):
+    run = tmp_path / "r"
+    proc = _started([mpirun_path(), "-n", "3", sys.executable, "-m", "mpifl.run", *_args(data_root, run)], run)
     try:
-        deadline = time.monotonic() + 120
-        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
-            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGUSR1)
+        if to == "mpirun":
+            proc.send_signal(signum)
+        else:
+            os.kill(int(pids(run)[2]), signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 75, stderr
-    assert "mpifl: stopped by SIGUSR1 after round" in stderr and f"--resume {run}" in stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("mpifl: ")]
+    assert len(lines) == 1 and lines[0].startswith(f"mpifl: stopped by {said} after round"), stderr
+    assert f"--resume {run}" in lines[0] and "Traceback" not in stderr and "Aborted" not in stderr
     done = json.loads((run / "checkpoint" / "meta.json").read_text())["round"]
     assert 1 <= done < 50 and (run / "checkpoint" / f"round-{done}" / "rank-2.pt").exists()
+
+
+def test_in_one_process_a_first_ctrl_c_stops_with_a_checkpoint_and_a_second_ends_at_once(data_root, tmp_path):
+    run = tmp_path / "r"
+    proc = _started([sys.executable, "-m", "mpifl.run", *_args(data_root, run, "--threads", "1", "--ckpt-every",
+                                                               "1")], run)
+    try:
+        time.sleep(0.5)
+        before = json.loads((run / "checkpoint" / "meta.json").read_text())["round"]
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and time.monotonic() - started < 5, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("mpifl: ")]
+    assert lines == ["mpifl: interrupted again: ended at once, without a checkpoint (the last one, if any, is still "
+                     "there)"], stderr
+    assert json.loads((run / "checkpoint" / "meta.json").read_text())["round"] >= before  # intact, resumable
 
 
 def test_a_rank_failing_while_importing_ends_the_job_instead_of_hanging_it(data_root, tmp_path):

@@ -122,7 +122,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
     per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
-    header, meta, seconds = 3 * 8, 5 * 8, 3 * 8  # round header, client.meta, rank.seconds
+    header, meta, report = 3 * 8, 5 * 8, 3 * 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
     eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
     for record in read_metrics(run):
         k = len(record["clients"])
@@ -130,7 +130,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
         assert record["bytes"]["wire_down"] == padded(per_client[0] + header)  # to the one client host
         assert k == 5
         evaluated = 10 if record["round"] > 1 else 0  # round r's message carries round r-1's evaluation
-        assert record["bytes"]["wire_up"] == seconds + k * padded(per_client[1] + meta) + evaluated * eval_block
+        assert record["bytes"]["wire_up"] == report + k * padded(per_client[1] + meta) + evaluated * eval_block
 
 
 def padded(nbytes: int) -> int:

@@ -56,14 +56,14 @@ def test_every_rank_trains_its_sampled_clients_and_evaluates_all_it_hosts_when_a
     for rank, hosted in enumerate(session.placement, start=1):
         work = plan.of(rank)
         assert work.trains == tuple(c for c in hosted if c in plan.sampled) and work.evaluates == tuple(hosted)
-        assert plan.upload_bytes[rank] == (messages.seconds.nbytes + len(hosted) * messages.eval.nbytes
+        assert plan.upload_bytes[rank] == (messages.rank.nbytes + len(hosted) * messages.eval.nbytes
                                            + len(work.trains) * messages.client.nbytes)
     assert plan.upload_bytes[0] == 0
     final = protocol.plan(protocol.header(4, stop_requested=False), messages)
     assert final.sampled == () and all(w.trains == () and w.evaluates for w in final.work)
     stop = protocol.plan(protocol.header(2, stop_requested=True), messages)
     assert all(w.trains == () == w.evaluates for w in stop.work)
-    assert stop.upload_bytes[1:] == (messages.seconds.nbytes,) * hosts
+    assert stop.upload_bytes[1:] == (messages.rank.nbytes,) * hosts
 
 
 def test_the_header_travels_with_its_flags():
