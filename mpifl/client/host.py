@@ -26,7 +26,7 @@ from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
 from ..transport.gpu_mpi import device_buffers
-from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, record
+from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, rank_report, record
 from .client_data import load_client_data
 from .precision import Precision
 from .training import client_round, evaluate, load_state, train_local
@@ -93,7 +93,8 @@ class ClientHost:
                 raise RuntimeError(f"rank {self.comm.rank} expected round {r}, the server sent {header.round}")
             saved = NOTHING_SAVED
             if header.saves:  # the state after round r-1, before this message changes anything
-                saved = save_clients(self.run_dir, r - 1, self.comm.rank, {c: s.private for c, s in self.clients.items()})
+                private = {c: s.private for c, s in self.clients.items()}
+                saved = save_clients(self.run_dir, r - 1, self.comm.rank, private)
             download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self._adopt(download)
@@ -112,11 +113,9 @@ class ClientHost:
             for cid, segment in zip(work.trains, client_segments):
                 messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
             trained_at = time.perf_counter()
-            messages.rank.pack({"rank.seconds": record(RANK_SECONDS, train=trained_at - evaluated_at,
-                                                       evaluate=evaluated_at - start, data=self.data_seconds),
-                                "rank.stop": torch.tensor(self.stop.signum), "rank.saved_bytes": torch.tensor(saved.nbytes),
-                                "rank.saved_sha256": torch.frombuffer(bytearray.fromhex(saved.sha256), dtype=torch.uint8)},
-                               out=report)
+            seconds = record(RANK_SECONDS, train=trained_at - evaluated_at, evaluate=evaluated_at - start,
+                             data=self.data_seconds)
+            messages.rank.pack(rank_report(seconds, self.stop.signum, saved.nbytes, saved.sha256), out=report)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
             if self.device_buffers:

@@ -191,7 +191,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
 def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Path,
                    resumed: Checkpoint | None, stop: StopRequest) -> None:
     """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
-    # where each rank runs, so the log maps a launcher's "PID ... EXIT CODE: 9" to a rank
+    # where each rank runs, so the log maps a pid that the kernel or the launcher names to a rank
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
     processes = comm.gather_object(f"{where} on {socket.gethostname()}, {torch.get_num_threads()} threads"
                                    + (f", {host.placement_note()}" if host else ""))

@@ -30,7 +30,7 @@ from ..plan.session import Session
 from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
-from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, records
+from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, records, saved_file
 from .run_log import MetricsLog, summarize_eval
 
 
@@ -77,9 +77,8 @@ class Server:
                 if report["rank.stop"]:
                     self.stop.heard_on(rank, int(report["rank.stop"]))
             if header.saves:  # the gather proves every client rank has written its file, and says what it wrote
-                files = {SERVER_FILE: server_file} | {
-                    rank_file(rank): FileRecord(int(report["rank.saved_bytes"]), bytes(report["rank.saved_sha256"]).hex())
-                    for rank, report in enumerate(reports, start=1)}
+                files = {SERVER_FILE: server_file} | {rank_file(rank): FileRecord(*saved_file(report))
+                                                      for rank, report in enumerate(reports, start=1)}
                 commit(self.run_dir, Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
                                                 ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
                                                 identity=identity(self.session.cfg), files=files))

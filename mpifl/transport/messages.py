@@ -66,7 +66,8 @@ class Messages:
             TensorSpec("client.meta", (len(CLIENT_META.names),), torch.float64)])
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
         self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
-                                TensorSpec("rank.stop", (), torch.int64), TensorSpec("rank.saved_bytes", (), torch.int64),
+                                TensorSpec("rank.stop", (), torch.int64),
+                                TensorSpec("rank.saved_bytes", (), torch.int64),
                                 TensorSpec("rank.saved_sha256", (32,), torch.uint8)])
         self.download_names = [s.name for s in policy.download]
         self.upload_names = [s.name for s in policy.upload]
@@ -94,6 +95,19 @@ class Messages:
             raise ValueError(f"upload of {buf.nbytes} bytes, expected {base + num_trained * c}")
         return (buf[:s], [buf[s + i * e:s + (i + 1) * e] for i in range(num_evaluated)],
                 [buf[base + i * c:base + (i + 1) * c] for i in range(num_trained)])
+
+
+def rank_report(seconds: torch.Tensor, stop_signal: int, saved_bytes: int, saved_sha256: str) -> dict:
+    """A client rank's report, the tensors of :attr:`Messages.rank`: its :data:`RANK_SECONDS` record, the stop
+    signal it received (0: none), and the size and sha256 (hex) of the checkpoint file it wrote (0 and zeros)."""
+    return {"rank.seconds": seconds, "rank.stop": torch.tensor(stop_signal),
+            "rank.saved_bytes": torch.tensor(saved_bytes),
+            "rank.saved_sha256": torch.frombuffer(bytearray.fromhex(saved_sha256), dtype=torch.uint8)}
+
+
+def saved_file(report: dict) -> tuple[int, str]:
+    """(bytes, sha256 hex) of the checkpoint file a received report says its rank wrote."""
+    return int(report["rank.saved_bytes"]), bytes(report["rank.saved_sha256"]).hex()
 
 
 def record(dtype: np.dtype, **values: float) -> torch.Tensor:
