@@ -44,6 +44,7 @@ def run_files(path: Path) -> list[str]:
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
+    """``runs/<algo>-<data>-<model>-s<seed>-<time>``, with ``_1``, ``_2``, ... appended while that exists."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = path = Path("runs") / f"{cfg.algo}-{cfg.data}-{cfg.model}-s{cfg.seed}-{stamp}"
     suffix = 1
@@ -110,12 +111,18 @@ def claim(path: Path) -> DirectoryLock | None:
     return lock
 
 
-def open_new(path: Path, cfg: RunConfig) -> DirectoryLock | None:
-    """Create, claim and check again a new run's directory, and write its ``config.json``."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MpiflError(f"cannot create the run directory {path} ({exc.strerror}); pass another --out") from None
+def open_new(path: Path, cfg: RunConfig) -> tuple[Path, DirectoryLock | None]:
+    """Create, claim and check again a new run's directory, and write its ``config.json``.  A default directory
+    (no ``--out``) that another run made meanwhile (the same options started in the same second) gives way to
+    the next free name, so it is returned."""
+    while True:
+        try:
+            path.mkdir(parents=True, exist_ok=cfg.out is not None)
+            break
+        except FileExistsError:
+            path = default_run_dir(cfg)
+        except OSError as exc:
+            raise MpiflError(f"cannot create the run directory {path} ({exc.strerror}); pass another --out") from None
     lock = claim(path)
     found = run_files(path)
     if found:  # another run took it between the check and now
@@ -124,7 +131,7 @@ def open_new(path: Path, cfg: RunConfig) -> DirectoryLock | None:
         raise MpiflError(f"run directory {path} was taken by another run while this one set up ({', '.join(found)}); "
                          "pass another --out")
     write_config(path, cfg, lock)
-    return lock
+    return path, lock
 
 
 def write_config(path: Path, cfg: RunConfig, lock: DirectoryLock | None) -> None:

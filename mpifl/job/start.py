@@ -171,17 +171,22 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
 
         def open_run_dir():  # every rank is set up: the run may write
             nonlocal owner, traceback_dir
-            if comm.rank == 0:
-                if resume:
-                    write_config(run_dir, cfg, owner)
-                else:
-                    owner = open_new(run_dir, cfg)
-                traceback_dir = run_dir
-                if owner is None:
-                    _err(f"mpifl: warning: the file system of {run_dir} keeps no file locks: a second run given "
-                         "the same --out while this one runs is not refused")
+            if comm.rank != 0:
+                return None
+            if resume:
+                write_config(run_dir, cfg, owner)
+                opened = run_dir
+            else:
+                opened, owner = open_new(run_dir, cfg)
+            traceback_dir = opened
+            if owner is None:
+                _err(f"mpifl: warning: the file system of {opened} keeps no file locks: a second run given "
+                     "the same --out while this one runs is not refused")
+            return str(opened)
 
-        collectively(comm, lambda: traceback_dir, open_run_dir)
+        run_dir = Path(comm.bcast_object(collectively(comm, lambda: traceback_dir, open_run_dir)))
+        if host is not None:
+            host.run_dir = run_dir
         _serve_or_host(cfg, comm, session, host, run_dir, resumed, stop)
     finally:
         if owner is not None:

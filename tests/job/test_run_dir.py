@@ -14,7 +14,8 @@ import pytest
 
 from mpifl.dirlock import LOCK_NAME
 from mpifl.errors import MpiflError
-from mpifl.job.run_dir import check_new, run_files
+from mpifl.job.run_dir import check_new, default_run_dir, open_new, run_files
+from mpifl.plan.config import RunConfig
 
 from ..conftest import REPO, read_metrics, run_here
 
@@ -111,6 +112,21 @@ def test_an_out_that_cannot_be_a_directory_is_refused_in_one_line(data_root, tmp
     assert job.returncode == 2
     one_error(job, pattern)
     assert snapshot(tmp_path) == before
+
+
+def test_a_default_run_directory_made_meanwhile_by_another_run_gives_way_to_the_next_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = RunConfig(model="smallcnn")
+    taken = default_run_dir(cfg)
+    taken.mkdir(parents=True)  # another run with the same options, started in the same second, made it first
+    path, lock = open_new(taken, cfg)
+    try:
+        assert path != taken and path.name.startswith(taken.name) and (path / "config.json").is_file()
+        assert run_files(taken) == []
+    finally:
+        lock.release()
+    with pytest.raises(MpiflError, match="was taken by another run while this one set up"):
+        open_new(path, RunConfig(model="smallcnn", out=str(path)))  # a given --out is never renamed
 
 
 def test_a_run_refused_while_setting_up_leaves_no_directory(data_root, tmp_path):
