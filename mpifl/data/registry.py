@@ -76,8 +76,8 @@ def ensure_dataset(root, name: str) -> DatasetManifest:
         if (root / name).is_dir() or name in KNOWN_DATASETS:
             return DatasetManifest.load(root, name)
     except OSError as exc:  # permissions, a read-only or full file system, a path through a file
-        raise MpiflError(f"cannot use the data root {root}: {exc.strerror} ({exc.filename}); pass a --data-root "
-                         "this user can read (and, for generated data, write)") from None
+        raise MpiflError(f"cannot use the data root {root}: {exc.strerror or exc} ({exc.filename or root}); pass a "
+                         "--data-root this user can read (and, for generated data, write)") from None
     raise MpiflError(f"unknown dataset '{name}' (no directory {root / name}); known: "
                      f"{', '.join(KNOWN_DATASETS)}; or put a prepared shard directory at {root / name}")
 
