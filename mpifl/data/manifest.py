@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mpifl.errors import MpiflError
-from mpifl.data.names import PLAIN_NAME, is_class_name, is_plain_name
+from mpifl.data.names import CLASS_NAME, PLAIN_NAME, is_class_name, is_plain_name
 from mpifl.data.shard import FORMAT_VERSION, SPLITS, Shard
 
 MANIFEST = "manifest.json"
@@ -147,7 +147,7 @@ def _schema_problem(data, name: str) -> str | None:
             return problem
     for name in classes:
         if not is_class_name(name):
-            return f"class {name!r} is not a plain name (no separators, control codes or surrounding blanks)"
+            return f"class {name!r} is not a plain name ({CLASS_NAME})"
     for domain in domains:
         if not is_plain_name(domain):
             return f"domain {domain!r} is not a plain name ({PLAIN_NAME})"

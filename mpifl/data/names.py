@@ -9,6 +9,7 @@ import re
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _LABEL_FORBIDDEN = re.compile(r"[/\\\x00-\x1f\x7f]")
 PLAIN_NAME = "letters, digits, '_', '-' and '.', starting with a letter or digit"
+CLASS_NAME = "no separators, control codes or surrounding blanks"
 
 
 def is_plain_name(name) -> bool:

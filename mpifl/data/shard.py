@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from mpifl import __version__
-from mpifl.data.names import PLAIN_NAME, is_class_name, is_plain_name
+from mpifl.data.names import CLASS_NAME, PLAIN_NAME, is_class_name, is_plain_name
 from mpifl.errors import MpiflError
 
 FORMAT_VERSION = 1
@@ -74,8 +74,8 @@ class ShardWriter:
                              f"got {self.classes!r}; fix the converter's class list")
         bad = [c for c in self.classes if not is_class_name(c)]
         if bad:
-            raise MpiflError(f"shard {self.path}: class {bad[0]!r} is not a plain name (no separators, control codes "
-                             "or surrounding blanks); rename its folder or fix the converter's class list")
+            raise MpiflError(f"shard {self.path}: class {bad[0]!r} is not a plain name ({CLASS_NAME}); rename its "
+                             "folder or fix the converter's class list")
         if not is_plain_name(domain):
             raise MpiflError(f"shard {self.path}: domain {domain!r} is not a plain name ({PLAIN_NAME}); rename the "
                              "domain's folder or file")
