@@ -3,12 +3,14 @@
 from functools import partial
 
 import numpy as np
+import pytest
 import torch
 
+from mpifl.errors import MpiflError
 from mpifl.algorithms import Uploads
 from mpifl.models.jsbn import JSBatchNorm2d
 from mpifl.plan.clients import ClientSpec
-from mpifl.models import james_stein, state_entries
+from mpifl.models import state_entries
 
 from .helpers import client_meta, make_algo
 
@@ -33,19 +35,31 @@ def test_policy_keeps_bn_affine_and_counters_and_sends_running_stats():
 
 
 def _client_uploads(server, n_clients, seed):
+    """Each entry: a common per-channel value plus client noise (so neither rule's factor is clamped)."""
     rng = np.random.default_rng(seed)
     out = {}
     for k, v in server.model.items():
         if k.endswith("running_var"):
-            out[k] = [rng.uniform(0.5, 2.0, v.shape).astype(np.float32) for _ in range(n_clients)]
+            base = rng.uniform(0.5, 2.0, v.shape)
+            out[k] = [(base * rng.uniform(0.8, 1.2, v.shape)).astype(np.float32) for _ in range(n_clients)]
         else:
-            out[k] = [rng.normal(0.3, 1.0, v.shape).astype(np.float32) for _ in range(n_clients)]
+            base = rng.normal(0.3, 1.0, v.shape)
+            out[k] = [(base + rng.normal(0.0, 0.3, v.shape)).astype(np.float32) for _ in range(n_clients)]
     return out
 
 
-def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_the_rest():
+def _sigma2_by_hand(rule, values, weights, mean):
+    if rule == "channels":
+        return mean.var()  # biased, across the c channels
+    p = weights / weights.sum()
+    spread = sum(pk * np.square(v.astype(np.float64) - mean) for pk, v in zip(p, values))
+    return spread.mean() * np.square(p).sum() / (1 - np.square(p).sum())  # Var of the weighted mean
+
+
+@pytest.mark.parametrize("rule", ["sampling", "channels"])
+def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_the_rest(rule):
     for uniform in (False, True):
-        algo, model = _algo(uniform_weights=uniform)
+        algo, model = _algo(uniform_weights=uniform, js_sigma2=rule)
         server = algo.init_server(model.state_dict())
         tensors = _client_uploads(server, 3, seed=4)
         samples = [10, 30, 60]
@@ -57,10 +71,10 @@ def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_th
             mean = sum(w * v.astype(np.float64) for w, v in zip(weights, values)) / weights.sum()
             if key.endswith(("running_mean", "running_var")):
                 c = mean.size
-                factor = max(0.0, 1 - (c - 2) * mean.var() / np.square(mean).sum())  # eq. (9), by hand
+                sigma2 = _sigma2_by_hand(rule, values, weights, mean)
+                factor = 1 - (c - 2) * sigma2 / np.square(mean).sum()  # eq. (9), by hand
+                assert 0 < factor < 1
                 expected = torch.from_numpy(factor * mean).float()
-                torch.testing.assert_close(server.model[key], james_stein(torch.from_numpy(mean)).float())
-                assert factor < 1
                 shrunk += 1
             else:
                 expected = torch.from_numpy(mean).float()
@@ -70,28 +84,53 @@ def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_th
 
 
 def test_running_stats_equal_to_a_plain_mean_only_where_js_leaves_them():
-    algo, model = _algo()
-    server = algo.init_server(model.state_dict())
     key = "norm2.running_mean"
+    algo, model = _algo(js_sigma2="channels")
+    server = algo.init_server(model.state_dict())
     tensors = {k: [v.numpy().copy(), v.numpy().copy()] for k, v in server.model.items()}
-    tensors[key] = [np.full(32, 2.0, np.float32), np.full(32, 4.0, np.float32)]  # zero spread: factor 1
+    tensors[key] = [np.full(32, 2.0, np.float32), np.full(32, 4.0, np.float32)]  # no spread across channels
     algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors=tensors))
     torch.testing.assert_close(server.model[key], torch.full((32,), 3.0))
     torch.testing.assert_close(server.model["norm2.running_var"], torch.ones(32))  # initial ones: no spread either
+    algo, model = _algo(js_sigma2="sampling")
+    server = algo.init_server(model.state_dict())
+    values = np.linspace(-1, 2, 32).astype(np.float32)
+    tensors[key] = [values, values.copy()]  # the clients agree: the mean has no sampling variance
+    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
+    torch.testing.assert_close(server.model[key], torch.from_numpy(values))
+    tensors[key] = [values, values + 1]  # they disagree: shrunk
+    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
+    assert server.model[key].norm() < torch.from_numpy(values + 0.75).norm()
 
 
-def test_global_model_uses_the_initial_bn_affine_personal_its_own():
-    algo, model = _algo()
+def test_an_unknown_sigma2_rule_is_refused_in_one_line():
+    with pytest.raises(MpiflError, match="--js-sigma2 must be one of sampling, channels"):
+        _algo(js_sigma2="across")
+
+
+def test_held_out_global_model_takes_the_clients_averaged_bn_affine_personal_models_their_own():
+    algo, model = _algo({"holdout": "mono"})
+    entries = {e.key: e for e in state_entries(model)}
+    affine = sorted(k for k, e in entries.items() if e.module_kind == "bn" and e.is_param)
+    policy = algo.policy()
+    assert sorted(s.name for s in policy.upload if s.name.startswith("fedstein.bn/")) == \
+        sorted("fedstein.bn/" + k for k in affine)
+    assert not any(s.name.startswith("fedstein.bn/") for s in _algo()[0].policy().upload)  # only with --holdout
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    spec = ClientSpec(id=0, domain="mono", rows={"train": np.arange(10)})
-    client = algo.init_client(spec, initial)
+    server = algo.init_server(initial)
+    tensors = {k: [v.numpy().copy()] * 2 for k, v in server.model.items()}
+    tensors.update({"fedstein.bn/" + k: [np.full(initial[k].shape, 1.0, np.float32),
+                                         np.full(initial[k].shape, 5.0, np.float32)] for k in affine})
+    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([3, 1]), tensors=tensors))
+    download = algo.download(server)
+    client = algo.init_client(ClientSpec(id=0, domain="mono", rows={"train": np.arange(10)}), initial)
     client.private["norm1.weight"].fill_(3.0)
     client.private["norm1.num_batches_tracked"].fill_(7)
-    glob = algo.global_private(client, {})
+    glob = algo.global_private(client, download)
     assert set(glob) == set(client.private)
-    assert torch.equal(glob["norm1.weight"], torch.ones(16)) and torch.equal(glob["norm1.bias"], torch.zeros(16))
+    assert torch.equal(glob["norm1.weight"], torch.full((16,), 2.0))  # (3 * 1 + 1 * 5) / 4
     assert int(glob["norm1.num_batches_tracked"]) == 7
-    assert torch.equal(client.private["norm1.weight"], torch.full((16,), 3.0))
+    assert torch.equal(client.private["norm1.weight"], torch.full((16,), 3.0))  # the personal model keeps its own
 
 
 def test_the_model_is_built_with_jsnorm_layers():

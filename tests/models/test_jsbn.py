@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mpifl.models import james_stein, james_stein_factor
-from mpifl.models.jsbn import JSBatchNorm2d
+from mpifl.models.jsbn import JSBatchNorm1d, JSBatchNorm2d
 
 
 def test_factor_by_hand():
@@ -51,31 +51,69 @@ def test_degenerate_vectors():
             james_stein(bad)
 
 
-def test_jsnorm_training_forward_uses_shrunk_batch_stats_and_tracks_plain_ones():
+def _js_layer(rule):
     torch.manual_seed(0)
-    bn = torch.nn.BatchNorm2d(6)
+    layer = JSBatchNorm2d(6)
+    layer.sigma2_rule = rule
     with torch.no_grad():
-        bn.weight.uniform_(0.5, 1.5)
-        bn.bias.uniform_(-0.5, 0.5)
-    reference = torch.nn.BatchNorm2d(6)
-    reference.load_state_dict(bn.state_dict())
-    model = JSBatchNorm2d(6)
-    model.load_state_dict(bn.state_dict())
-    bn = model
+        layer.weight.uniform_(0.5, 1.5)
+        layer.bias.uniform_(-0.5, 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("rule", ["channels", "sampling"])
+def test_jsnorm_training_forward_uses_shrunk_batch_stats_and_tracks_them(rule):
+    layer = _js_layer(rule)
     x = torch.randn(8, 6, 5, 5) * 2 + torch.linspace(-1, 3, 6).view(1, 6, 1, 1)
-    out = model(x)
-    mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3), correction=0)
-    js_mean = james_stein(mean.double()).float()
-    js_var = james_stein(var.double()).float()
-    expected = (x - js_mean.view(1, 6, 1, 1)) / torch.sqrt(js_var.view(1, 6, 1, 1) + 1e-5) \
-        * bn.weight.view(1, 6, 1, 1) + bn.bias.view(1, 6, 1, 1)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(js_mean, mean)  # the shrinkage is real
-    reference(x)  # torch's running-statistics rule on the plain batch statistics
-    for key in ("running_mean", "running_var", "num_batches_tracked"):
-        torch.testing.assert_close(bn.state_dict()[key], reference.state_dict()[key])
+    out = layer(x)
+    n = 8 * 5 * 5
+    mean, var = x.double().mean((0, 2, 3)), x.double().var((0, 2, 3), correction=0)
+    if rule == "channels":  # across the 6 channels
+        js_mean, js_var = james_stein(mean), james_stein(var)
+    else:  # each estimate's sampling variance, averaged over channels
+        js_mean = james_stein(mean, sigma2=(var / n).mean())
+        js_var = james_stein(var, sigma2=(2 * var**2 / (n - 1)).mean())
+    assert not torch.allclose(js_mean, mean, rtol=0, atol=1e-6)  # the shrinkage is real
+    expected = (x.double() - js_mean.view(1, 6, 1, 1)) / torch.sqrt(js_var.view(1, 6, 1, 1) + 1e-5) \
+        * layer.weight.double().view(1, 6, 1, 1) + layer.bias.double().view(1, 6, 1, 1)
+    torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-5)
+    # torch's running-statistics rule (momentum 0.1, variance * n/(n-1)) on the shrunk statistics
+    torch.testing.assert_close(layer.running_mean, (0.1 * js_mean).float())
+    torch.testing.assert_close(layer.running_var, (0.9 + 0.1 * js_var * n / (n - 1)).float())
+    assert int(layer.num_batches_tracked) == 1
     out.sum().backward()
-    assert bn.weight.grad is not None and torch.isfinite(bn.weight.grad).all()
-    bn.eval()
-    reference.eval()
-    torch.testing.assert_close(bn(x), reference(x))  # inference: the (downloaded) running statistics
+    assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
+    layer.eval()  # inference: BatchNorm with the (downloaded) running statistics
+    torch.testing.assert_close(layer(x), torch.nn.functional.batch_norm(
+        x, layer.running_mean, layer.running_var, layer.weight, layer.bias, False, 0.0, 1e-5))
+
+
+@pytest.mark.parametrize("rule", ["channels", "sampling"])
+def test_a_trained_jsnorm_model_evaluates_as_it_trained_on_its_own_data(rule):
+    """Evaluation mode normalizes with the running statistics; on the training data it must give what
+    training mode gives (the running statistics estimate the statistics training normalized with)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), JSBatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3), JSBatchNorm2d(16),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(64, 32), JSBatchNorm1d(32),
+                          nn.ReLU(), nn.Linear(32, 4))
+    for module in model.modules():
+        if isinstance(module, JSBatchNorm2d | JSBatchNorm1d):
+            module.sigma2_rule = rule
+    x = torch.randn(64, 3, 12, 12) + torch.tensor([0.5, -0.3, 0.2]).view(1, 3, 1, 1)
+    y = torch.randint(0, 4, (64,))
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(5):
+        for xb, yb in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+    with torch.no_grad():  # the running statistics settle on the trained weights and the whole training set
+        for _ in range(60):
+            model(x)
+        trained = model(x)
+        model.eval()
+        evaluated = model(x)
+    gap = (evaluated - trained).norm() / trained.norm()
+    assert gap < 0.05, f"evaluation departs from training by {gap:.1%} of the logits"

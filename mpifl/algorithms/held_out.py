@@ -1,0 +1,62 @@
+"""Personal entries averaged for the held-out domain's global model only (leave-one-domain-out).
+
+A method whose personal layers the server never receives has no trained
+value for them in its global model.  With ``--holdout``, a method that mixes
+in :class:`HeldOutAverage` has every round's clients also upload the entries
+:meth:`~HeldOutAverage.averaged_for_held_out` selects; the server takes their
+weighted mean (the method's ``client_weights``) and sends it down under
+``<method>.global_bn/<key>``, used *only* by ``global_private`` to assemble
+the global model that evaluates the held-out domain (and the source
+domains' "global" rows).  Training clients never load it, and without
+``--holdout`` nothing extra crosses the wire.
+"""
+
+from __future__ import annotations
+
+from ..transport.wire import TensorSpec
+
+
+class HeldOutAverage:
+    """Mixin over an :class:`~mpifl.algorithms.base.Algorithm`; see the module docstring."""
+
+    def averaged_for_held_out(self, entry) -> bool:
+        """Whether a (private) model entry is averaged for the held-out domain's global model."""
+        raise NotImplementedError
+
+    def __init__(self, cfg, entries):
+        super().__init__(cfg, entries)
+        self._up, self._down = f"{self.name}.bn/", f"{self.name}.global_bn/"
+        chosen = [e for e in entries if self.averaged_for_held_out(e)] if cfg.holdout is not None else []
+        self._held_out_specs = [TensorSpec(e.key, e.shape, e.dtype) for e in chosen]
+
+    def extra_upload(self):
+        return super().extra_upload() + [TensorSpec(self._up + s.name, s.shape, s.dtype) for s in self._held_out_specs]
+
+    def extra_download(self):
+        return super().extra_download() + [TensorSpec(self._down + s.name, s.shape, s.dtype)
+                                           for s in self._held_out_specs]
+
+    def init_server(self, initial):
+        server = super().init_server(initial)
+        server.extra.update({self._down + s.name: initial[s.name].clone() for s in self._held_out_specs})
+        return server
+
+    def download(self, server):
+        return {**super().download(server), **{self._down + s.name: server.extra[self._down + s.name]
+                                              for s in self._held_out_specs}}
+
+    def aggregate(self, server, uploads):
+        super().aggregate(server, uploads)
+        weights = self.client_weights(uploads)
+        for s in self._held_out_specs:
+            server.extra[self._down + s.name] = self.combine(s.name, uploads.tensors[self._up + s.name],
+                                                             weights).to(s.dtype)
+
+    def end_local(self, client, model):
+        state = model.state_dict()
+        return {**super().end_local(client, model), **{self._up + s.name: state[s.name] for s in self._held_out_specs}}
+
+    def global_private(self, client, download):
+        """The client's unshared entries with the averaged ones in place of its own."""
+        return {**super().global_private(client, download),
+                **{s.name: download[self._down + s.name] for s in self._held_out_specs}}
