@@ -43,13 +43,26 @@ Choices:
   gradients (as for SCAFFOLD's option II); rho = 0 is the paper's K.
 * **Weights** p_i are FedAvg's, normalized (sample count,
   ``--uniform-weights`` for equal weights).
-* **Paper, not code, where they differ.**  The authors' code keeps the
-  correction as a SCAFFOLD option-II pair of variates (client and server
-  "state gradient diffs"), builds w as the mean of the round's theta_i plus
-  the mean drift of *all* clients, scales alpha by mean n / n_i and clips
-  gradients at norm 10.  With every client participating, equal sizes and
-  no clipping the model rule is the same (mean theta + mean h); the
-  correction here is the paper's (g_i - g)/(eta K) from the last updates.
+* **Rule** (``--feddc-rule``).  ``paper``: everything above.  ``code``
+  (default; the authors' code, ``gaoliang13/FedDC``, which produced the
+  paper's numbers): with client weight ``w_i = n_i / n_bar`` (n_bar the mean
+  training-set size of the N training clients; 1 with ``--uniform-weights``)
+  and ``q_i = w_i / N``,
+
+  - client i trains with ``alpha_i = alpha / w_i`` and the correction of a
+    SCAFFOLD option-II pair of variates (the code's "state gradient
+    diffs"): gradient ``alpha_i (theta + h_i - w) + c / w_i - c_i``, then
+    ``c_i <- c_i - c / w_i - Delta theta_i / (eta K)``; c_i private
+    (``feddc.control/<key>``, zero at start), c sent down
+    (``feddc.global_control/<key>``); the client uploads theta_i as the
+    model and ``Delta c_i`` (``feddc.control_delta/<key>``);
+  - the server keeps ``c <- c + sum_S q_i Delta c_i`` and the mean drift of
+    *all* clients ``H = sum_all q_i h_i`` (``feddc.mean_drift/<key>``, never
+    sent), moved by ``sum_S q_i (theta_i - w)``, and sets
+    ``w <- sum_S p_i theta_i + H``.
+
+  With every client participating and the same sizes both rules give the
+  same model rule.  The code's gradient clip (norm 10) is not applied here.
 * **BN.**  h_i, g_i, g and both penalties cover the trainable parameters
   (BN affine included); BN running statistics are uploaded as themselves
   and averaged as in FedAvg, ``num_batches_tracked`` stays local.
@@ -61,6 +74,9 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import MpiflError
+from ..plan.config import Option
+from .base import weighted_sum
 from .deltas import (
     ALPHA,
     add_to_grads,
@@ -74,20 +90,43 @@ from .fedavg import FedAvg
 
 DRIFT, LAST = "feddc.drift/", "feddc.last_update/"
 GLOBAL_UPDATE, THETA_PLUS_DRIFT, UPDATE = "feddc.global_update/", "feddc.theta_plus_drift/", "feddc.update/"
+CONTROL, GLOBAL_CONTROL, CONTROL_DELTA = "feddc.control/", "feddc.global_control/", "feddc.control_delta/"
+MEAN_DRIFT = "feddc.mean_drift/"
+RULES = ("code", "paper")
 
 
 class FedDC(FedAvg):
     name = "feddc"
     summary = "FedDC: private drift h_i penalizes theta + h_i - w, gradient correction; theta_i + h_i sent up"
-    options = FedAvg.options + (ALPHA,)
+    options = FedAvg.options + (
+        ALPHA,
+        Option("feddc_rule", str, "code", "FedDC: code (authors' code: alpha and correction per client, "
+               "variates, mean drift of all clients) or paper (Algorithm 1)"),
+    )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
+        if cfg.opt("feddc_rule") not in RULES:
+            raise MpiflError(f"--feddc-rule must be one of {', '.join(RULES)}, got {cfg.opt('feddc_rule')!r}")
+        self.code = cfg.opt("feddc_rule") == "code"
         self.params = trainable_keys(self)
+        self.mean_train = 0.0
+
+    def bind_clients(self, clients):
+        super().bind_clients(clients)
+        self.mean_train = sum(c.num_train for c in clients) / max(self.num_training_clients, 1)
+
+    def weight(self, num_train: int) -> float:
+        """The code's client weight w_i = n_i / n_bar (1 with ``--uniform-weights``)."""
+        if self.cfg.opt("uniform_weights"):
+            return 1.0
+        if not self.mean_train:
+            raise RuntimeError("FedDC needs the clients' training-set sizes (Algorithm.bind_clients)")
+        return num_train / self.mean_train
 
     def sends_back(self, entry):
-        """Trainable parameters come back as theta_i + h_i (an extra upload), not as theta_i."""
-        return not (entry.is_param and entry.dtype.is_floating_point)
+        """Paper: trainable parameters come back as theta_i + h_i (an extra upload), not as theta_i."""
+        return self.code or not (entry.is_param and entry.dtype.is_floating_point)
 
     @property
     def adopted_keys(self):
@@ -95,26 +134,41 @@ class FedDC(FedAvg):
         return []
 
     def extra_download(self):
-        return trainable_specs(self, GLOBAL_UPDATE)
+        return trainable_specs(self, GLOBAL_CONTROL if self.code else GLOBAL_UPDATE)
 
     def extra_upload(self):
+        if self.code:
+            return trainable_specs(self, CONTROL_DELTA)
         return trainable_specs(self, THETA_PLUS_DRIFT) + trainable_specs(self, UPDATE)
 
     def extra_private(self):
-        return trainable_specs(self, DRIFT) + trainable_specs(self, LAST)
+        return trainable_specs(self, DRIFT) + trainable_specs(self, CONTROL if self.code else LAST)
 
     # ------------------------------------------------------------------ server
     def init_server(self, initial):
         server = super().init_server(initial)
-        server.extra = {GLOBAL_UPDATE + k: torch.zeros_like(initial[k]) for k in self.params}
+        kept = (GLOBAL_CONTROL, MEAN_DRIFT) if self.code else (GLOBAL_UPDATE,)
+        server.extra = {p + k: torch.zeros_like(initial[k]) for p in kept for k in self.params}
         return server
 
     def download(self, server):
-        return {**super().download(server), **server.extra}
+        return {**super().download(server), **{s.name: server.extra[s.name] for s in self.extra_download()}}
 
     def aggregate(self, server, uploads):
-        super().aggregate(server, uploads)  # BN running statistics: weighted means
+        old = {k: server.model[k].double() for k in self.params}
+        super().aggregate(server, uploads)  # BN running statistics (code: and theta_i): weighted means
         weights = self.client_weights(uploads)
+        if self.code:
+            q = [self.weight(int(n)) / self.num_training_clients for n in uploads.num_samples]
+            for key in self.params:
+                moved = torch.from_numpy(weighted_sum(uploads.tensors[key], q)) - sum(q) * old[key]
+                drift = server.extra[MEAN_DRIFT + key].double() + moved
+                server.extra[MEAN_DRIFT + key] = drift.to(server.model[key].dtype)
+                server.model[key] = (server.model[key].double() + drift).to(server.model[key].dtype)
+                control = server.extra[GLOBAL_CONTROL + key].double() + torch.from_numpy(
+                    weighted_sum(uploads.tensors[CONTROL_DELTA + key], q))
+                server.extra[GLOBAL_CONTROL + key] = control.to(server.model[key].dtype)
+            return
         for key in self.params:
             server.model[key] = self.combine(key, uploads.tensors[THETA_PLUS_DRIFT + key],
                                              weights).to(server.model[key].dtype)
@@ -128,24 +182,38 @@ class FedDC(FedAvg):
         self._drift = [client.private[DRIFT + k] for k in self.params]
         self._center = [w - h for w, h in zip(self._w, self._drift)]  # R pulls theta toward w - h_i
         steps = local_steps(client.spec.num_train, self.cfg.batch_size, self.cfg.local_epochs)
-        scale = 1.0 / (self.cfg.lr * float(solver_norm(steps, self.cfg.momentum))) if steps else 0.0
-        self._correction = [(client.private[LAST + k] - download[GLOBAL_UPDATE + k]) * scale for k in self.params]
+        self._scale = 1.0 / (self.cfg.lr * float(solver_norm(steps, self.cfg.momentum))) if steps else 0.0
+        if self.code:
+            weight = self.weight(client.spec.num_train)
+            self._alpha = self.cfg.opt("alpha") / weight
+            self._global = [download[GLOBAL_CONTROL + k] / weight for k in self.params]  # c / w_i
+            self._correction = [g - client.private[CONTROL + k] for g, k in zip(self._global, self.params)]
+        else:
+            self._alpha = self.cfg.opt("alpha")
+            self._correction = [(client.private[LAST + k] - download[GLOBAL_UPDATE + k]) * self._scale
+                                for k in self.params]
 
     def after_backward(self, client, model):
         live = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not live:
             return
         terms = torch._foreach_sub([self._params[i].detach() for i in live], [self._center[i] for i in live])
-        torch._foreach_mul_(terms, self.cfg.opt("alpha"))
+        torch._foreach_mul_(terms, self._alpha)
         torch._foreach_add_(terms, [self._correction[i] for i in live])
         add_to_grads([self._params[i] for i in live], terms)
 
     @torch.no_grad()
     def end_local(self, client, model):
         out = {}
-        for key, theta, w, h in zip(self.params, self._params, self._w, self._drift):
+        for i, (key, theta, w, h) in enumerate(zip(self.params, self._params, self._w, self._drift)):
             update = theta - w
             h.add_(update)
+            if self.code:  # c_i <- c_i - c / w_i - Delta theta / (eta K)
+                control = client.private[CONTROL + key]
+                new = control - self._global[i] - update * self._scale
+                out[CONTROL_DELTA + key] = new - control
+                control.copy_(new)
+                continue
             client.private[LAST + key].copy_(update)
             out[THETA_PLUS_DRIFT + key] = theta + h
             out[UPDATE + key] = update

@@ -34,8 +34,20 @@ Choices:
   the authors' implementations of FedDyn and FedDC (its section 4.6).
 * **Weights.**  The paper averages theta_k^t with 1/|P|; here w_k are
   FedAvg's (sample count, ``--uniform-weights`` for the paper's 1/|P|),
-  as for the other methods.  h keeps the paper's 1/m.  The authors' code
-  also scales alpha per client by the mean client size over n_k; not done.
+  as for the other methods.  h keeps the paper's 1/m.
+* **alpha per client** (``--feddyn-alpha``): ``client`` (default, the
+  authors' code, ``alpha / weight_k`` with ``weight_k = n_k m / sum_j n_j``)
+  trains client k with ``alpha_k = alpha * n_bar / n_k``, n_bar the mean
+  training-set size of the m training clients, in the regularizer and in
+  the g_k update; ``global``: the paper's one alpha.  The server rule
+  is the same under both (it moves by ``lambda_k``, whatever alpha_k is).
+* **Gradient clipping** (``--feddyn-max-grad-norm``, default 10, 0 = off):
+  the authors' code clips, before each SGD step, the global L2 norm of the
+  gradient of its loss ``CE + alpha_k <theta, lambda_k - theta^{t-1}>``,
+  i.e. of ``grad L_k - g_k - alpha_k theta^{t-1}``; the quadratic's
+  ``alpha_k theta`` is its optimizer's weight decay, added after the clip.
+  FedDyn's own rule, done here in :meth:`FedDyn.after_backward`.  The paper
+  has no clipping.
 * **BN.**  The dynamic regularizer, g_k and h cover the trainable
   parameters (BN affine included); BN running statistics are averaged as
   in FedAvg (no -h/alpha), ``num_batches_tracked`` stays local.  The paper
@@ -60,22 +72,50 @@ from .deltas import (
     trainable_keys,
     trainable_specs,
 )
+from ..plan.config import Option
 from .fedavg import FedAvg
 
 GRAD, H = "feddyn.grad/", "feddyn.h/"
+ALPHA_RULES = ("client", "global")
 
 
 class FedDyn(FedAvg):
     name = "feddyn"
     summary = "FedDyn: dynamic linear + quadratic regularizer per client, server state h corrects the average"
-    options = FedAvg.options + (ALPHA,)
+    options = FedAvg.options + (
+        ALPHA,
+        Option("feddyn_alpha", str, "client", "FedDyn: alpha per client, alpha * mean n / n_k (client, authors' "
+               "code) or one alpha (global, paper)"),
+        Option("feddyn_max_grad_norm", float, 10.0, "FedDyn: clip of the authors' code, L2 norm of the loss and "
+               "linear-term gradient before the quadratic's (0 = off)"),
+    )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if not cfg.opt("alpha") > 0:
-            raise MpiflError(f"--alpha must be > 0 for feddyn (theta = mean - h/alpha), got {cfg.opt('alpha')}")
+        problems = [(cfg.opt("alpha") > 0, f"--alpha must be > 0 for feddyn (theta = mean - h/alpha), "
+                                           f"got {cfg.opt('alpha')}"),
+                    (cfg.opt("feddyn_alpha") in ALPHA_RULES, f"--feddyn-alpha must be one of "
+                     f"{', '.join(ALPHA_RULES)}, got {cfg.opt('feddyn_alpha')!r}"),
+                    (cfg.opt("feddyn_max_grad_norm") >= 0, "--feddyn-max-grad-norm must be >= 0 (0 = off)")]
+        for ok, message in problems:
+            if not ok:
+                raise MpiflError(message)
         self.alpha = cfg.opt("alpha")
+        self.clip = cfg.opt("feddyn_max_grad_norm")
         self.params = trainable_keys(self)
+        self.mean_train = 0.0
+
+    def bind_clients(self, clients):
+        super().bind_clients(clients)
+        self.mean_train = sum(c.num_train for c in clients) / max(self.num_training_clients, 1)
+
+    def client_alpha(self, num_train: int) -> float:
+        """alpha_k: ``alpha * n_bar / n_k`` (``--feddyn-alpha client``) or alpha."""
+        if self.cfg.opt("feddyn_alpha") == "global":
+            return self.alpha
+        if not self.mean_train:
+            raise RuntimeError("FedDyn needs the clients' training-set sizes (Algorithm.bind_clients)")
+        return self.alpha * self.mean_train / num_train
 
     def extra_private(self):
         return trainable_specs(self, GRAD)
@@ -104,22 +144,31 @@ class FedDyn(FedAvg):
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
+        self._alpha = self.client_alpha(client.spec.num_train)
         self._params = parameters(model, self.params)
         self._anchor = [p.detach().clone() for p in self._params]
         self._grads = [client.private[GRAD + k] for k in self.params]
 
     def after_backward(self, client, model):
+        """grad += -g_k + alpha_k (theta - theta^{t-1}); with the code's clip, clip before the alpha_k theta."""
         live = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not live:
             return
         params = [self._params[i].detach() for i in live]
-        terms = torch._foreach_sub(params, [self._anchor[i] for i in live])
-        torch._foreach_mul_(terms, self.alpha)
-        torch._foreach_sub_(terms, [self._grads[i] for i in live])
-        add_to_grads([self._params[i] for i in live], terms)
+        if not self.clip:
+            terms = torch._foreach_sub(params, [self._anchor[i] for i in live])
+            torch._foreach_mul_(terms, self._alpha)
+            torch._foreach_sub_(terms, [self._grads[i] for i in live])
+            add_to_grads([self._params[i] for i in live], terms)
+            return
+        linear = torch._foreach_mul([self._anchor[i] for i in live], -self._alpha)
+        torch._foreach_sub_(linear, [self._grads[i] for i in live])
+        add_to_grads([self._params[i] for i in live], linear)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip)
+        add_to_grads([self._params[i] for i in live], torch._foreach_mul(params, self._alpha))
 
     @torch.no_grad()
     def end_local(self, client, model):
         for g, theta, anchor in zip(self._grads, self._params, self._anchor):
-            g.sub_(self.alpha * (theta - anchor))
+            g.sub_(self._alpha * (theta - anchor))
         return {}

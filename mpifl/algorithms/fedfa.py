@@ -8,10 +8,15 @@ samples around them, with a variance built from the client's mini-batch
 (*client-specific*) and from the spread of all clients' statistics
 (*client-sharing*, computed by the server).  Algorithm 1 of the paper:
 
-* **Client**: before training, each FFA layer's momentum statistics
-  ``(mu_bar, sigma_bar)`` start from (0, 1) (line 5); training updates them;
-  afterwards they are uploaded as ``fedfa.stats/<i>`` (2 x C_i: mu_bar,
-  sigma_bar) for FFA layer i.
+* **Client**: training updates each FFA layer's momentum statistics
+  ``(mu_bar, sigma_bar)``; afterwards they are uploaded as ``fedfa.stats/<i>``
+  (2 x C_i: mu_bar, sigma_bar) for FFA layer i.  Where a round starts them
+  (``--fedfa-stats``): ``carry`` (default, the authors' code,
+  ``tfzhou/FedFA``, whose statistics are model buffers averaged by the
+  server and loaded with the model) from the server's weighted mean of the
+  last uploads (FedAvg's weights; (0, 1) before any), sent down as
+  ``fedfa.running/<i>`` (2 x C_i); ``reset``: from (0, 1) every round, the
+  paper's Algorithm 1, line 5 (nothing extra sent down).
 * **Server**: the model is averaged as in FedAvg (every entry but BN step
   counters, sample-count weights or ``--uniform-weights``; the authors'
   code averages the whole state).  For each FFA layer and channel, the
@@ -57,8 +62,15 @@ ATTR = "fedfa"
 _SHARED = re.compile(rf"^{ATTR}\.(\d+)\.shared_var_(mean|std)$")
 
 
+STATS_RULES = ("carry", "reset")
+
+
 def stats_name(layer: int) -> str:
     return f"fedfa.stats/{layer}"
+
+
+def running_name(layer: int) -> str:
+    return f"fedfa.running/{layer}"
 
 
 class FedFA(FedAvg):
@@ -67,6 +79,8 @@ class FedFA(FedAvg):
     options = FedAvg.options + (
         Option("fedfa_p", float, FEDFA_P, "FedFA: probability an FFA layer augments a mini-batch"),
         Option("fedfa_momentum", float, FEDFA_MOMENTUM, "FedFA: momentum of the clients' running statistics"),
+        Option("fedfa_stats", str, "carry", "FedFA: clients' running statistics at a round start: carry (the "
+               "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)"),
     )
 
     @classmethod
@@ -90,6 +104,9 @@ class FedFA(FedAvg):
                 self.channels[layer] = entry.shape[0]
         if not self.shared_vars:
             raise MpiflError("fedfa: the model has no FFA layers (build it with FedFA.adapt_model)")
+        if cfg.opt("fedfa_stats") not in STATS_RULES:
+            raise MpiflError(f"--fedfa-stats must be one of {', '.join(STATS_RULES)}, got {cfg.opt('fedfa_stats')!r}")
+        self.carry = cfg.opt("fedfa_stats") == "carry"
 
     def sends_back(self, entry):
         return not _SHARED.match(entry.key)
@@ -97,10 +114,28 @@ class FedFA(FedAvg):
     def extra_upload(self):
         return [TensorSpec(stats_name(i), (2, c), torch.float32) for i, c in sorted(self.channels.items())]
 
+    def extra_download(self):
+        if not self.carry:
+            return []
+        return [TensorSpec(running_name(i), (2, c), torch.float32) for i, c in sorted(self.channels.items())]
+
     # ------------------------------------------------------------------ server
+    def init_server(self, initial):
+        server = super().init_server(initial)
+        server.extra = {s.name: torch.stack([torch.zeros(s.shape[1]), torch.ones(s.shape[1])])
+                        for s in self.extra_download()}
+        return server
+
+    def download(self, server):
+        return {**super().download(server), **server.extra}
+
     def aggregate(self, server, uploads):
         super().aggregate(server, uploads)
+        weights = self.client_weights(uploads)
         for layer, keys in self.shared_vars.items():
+            if self.carry:
+                server.extra[running_name(layer)] = self.combine(
+                    running_name(layer), uploads.tensors[stats_name(layer)], weights).float()
             stats = np.stack(uploads.tensors[stats_name(layer)]).astype(np.float64)  # (K, 2, C)
             var = stats.var(axis=0)  # 1/K, per statistic and channel
             for row, kind in enumerate(("mean", "std")):
@@ -113,8 +148,11 @@ class FedFA(FedAvg):
         return list(getattr(model, ATTR))
 
     def begin_local(self, client, model, download):
-        for layer in self.ffa_layers(model):
-            layer.reset_running()
+        for i, layer in enumerate(self.ffa_layers(model)):
+            if self.carry:
+                layer.load_running(download[running_name(i)])
+            else:
+                layer.reset_running()
 
     def end_local(self, client, model):
         return {stats_name(i): layer.client_stats() for i, layer in enumerate(self.ffa_layers(model))}

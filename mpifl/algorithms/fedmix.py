@@ -32,11 +32,15 @@ samples and the other clients' data, computed from those averages only.
   ``(1 - lambda) x``, averaged over the other client's samples j (their mean
   x_bar, y_bar), keeping the y-part's derivative term (the y_j part's
   derivative is second order in lambda and dropped).  The input gradient
-  is that of the sum of per-sample losses (each sample's own derivative, up
-  to the coupling batch normalization adds), taken with ``create_graph`` so
-  the term trains the network (double back-propagation); the Flower
-  baseline takes it of the batch-mean loss, which scales the term by 1/B.
-  Each term is averaged over the mini-batch.
+  is taken with ``create_graph`` so the term trains the network (double
+  back-propagation).  Its scale (``--fedmix-taylor``): ``sample`` (default)
+  differentiates the sum of the per-sample losses, each sample's own
+  derivative (up to the coupling batch normalization adds) as the paper's
+  per-sample loss writes it; ``batch`` differentiates the batch-mean loss,
+  which scales the term by 1/B (the Flower baseline).  No public code of the
+  authors was found, so which one produced the paper's numbers is unknown;
+  the default is the paper's equation.  Each term is averaged over the
+  mini-batch.
 * **Everything else is FedAvg**: whole model averaged (BN step counters
   excepted) with sample-count weights (``--uniform-weights``); the global
   model is evaluated.
@@ -65,6 +69,7 @@ from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
 
 MEANS = "fedmix.means"
+TAYLOR_SCALES = ("sample", "batch")
 
 
 def mean_rows(batches, size: int, groups: int, per_group: int, num_classes: int,
@@ -99,13 +104,17 @@ class FedMix(FedAvg):
         Option("fedmix_lambda", float, 0.1, "FedMix: mixing weight lambda"),
         Option("fedmix_batch", int, 5, "FedMix: number of local images averaged into one shared mean image"),
         Option("fedmix_means", int, 64, "FedMix: number of mean images each client shares"),
+        Option("fedmix_taylor", str, "sample", "FedMix: input gradient of the Taylor term from the sum of "
+               "per-sample losses (sample, paper) or the batch mean (batch, 1/B)"),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         problems = [(0 <= cfg.opt("fedmix_lambda") < 1, "--fedmix-lambda must be in [0, 1)"),
                     (cfg.opt("fedmix_batch") >= 1, "--fedmix-batch must be >= 1"),
-                    (cfg.opt("fedmix_means") >= 1, "--fedmix-means must be >= 1")]
+                    (cfg.opt("fedmix_means") >= 1, "--fedmix-means must be >= 1"),
+                    (cfg.opt("fedmix_taylor") in TAYLOR_SCALES,
+                     f"--fedmix-taylor must be one of {', '.join(TAYLOR_SCALES)}, got {cfg.opt('fedmix_taylor')!r}")]
         for ok, message in problems:
             if not ok:
                 raise MpiflError(message)
@@ -144,7 +153,8 @@ class FedMix(FedAvg):
             return F.cross_entropy(logits, y), logits
         ce = F.cross_entropy(logits, y, reduction="none")
         soft = -(y_bar * F.log_softmax(logits, 1)).sum(1)
-        (grad,) = torch.autograd.grad((1 - lam) * ce.sum(), scaled, create_graph=True)
+        total = ce.sum() if self.cfg.opt("fedmix_taylor") == "sample" else ce.mean()
+        (grad,) = torch.autograd.grad((1 - lam) * total, scaled, create_graph=True)
         taylor = (grad * x_bar).flatten(1).sum(1)
         return ((1 - lam) * ce + lam * soft + lam * taylor).mean(), logits
 

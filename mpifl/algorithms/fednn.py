@@ -39,6 +39,15 @@ selection logits and BN-side running statistics included.  The choices:
   (weighted majority), and an exact tie leaves the layer free to draw again.
   A client's own freeze is otherwise lost with the next download, as in the
   authors' code.
+* **AGN mixing** (``--agn-mix``): ``var`` (default, the authors' code and
+  FedNN's ablations) mixes the BN and GN variances, ``std`` the standard
+  deviations of eq. (10) (:class:`~mpifl.models.AdaptiveGroupNorm`).
+* **Evaluation selection** (``--agn-eval``): ``gumbel`` (default, the
+  authors' code) draws Gumbel noise at every evaluation forward of a free
+  layer; ``softmax`` is the noise-free ``softmax(logits / tau)``.  The draws
+  come from torch's generator seeded, before each client's evaluation, from
+  (seed, client, round evaluated) (``seeding.personalization_seeds``: FedNN
+  has no personalization of its own), so scores do not depend on the ranks.
 * **Base method.**  ``--fednn-base fedavg`` (default, "FedAvg+Ours") or
   ``fedprox`` ("FedProx+Ours"): FedProx's proximal gradient ``mu (w - w_t)``
   with FedProx's own ``--mu``, on every shared parameter.  ``--mu`` does
@@ -60,10 +69,13 @@ import torch
 from ..plan.config import Option
 from ..errors import MpiflError
 from ..models import set_agn_tau
-from ..models.fednn import AGN_TAU0, BN, GN
+from ..models.fednn import AGN_TAU0, BN, GN, AdaptiveGroupNorm
+from ..plan.seeding import personalization_seeds
 from .fedprox import FedProx
 
 BASES = ("fedavg", "fedprox")
+MIXES = ("var", "std")
+EVAL_SELECTIONS = ("gumbel", "softmax")
 
 
 def fednn_tau(tau0: float, round_index: int, rounds: int) -> float:
@@ -89,9 +101,25 @@ class FedNN(FedProx):
         Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies)"),
         Option("lr_decay", float, 0.998, "FedNN learning-rate decay per round: lr * decay^(round-1)"),
         Option("max_grad_norm", float, 10.0, "FedNN gradient L2-norm clipping threshold (0 = off)"),
+        Option("agn_mix", str, "var", "FedNN AGN: mix BN/GN variances (var, authors' code) or standard "
+               "deviations (std, paper eq. 10)"),
+        Option("agn_eval", str, "gumbel", "FedNN AGN selection at evaluation: gumbel (noisy draw, authors' code) "
+               "or softmax (noise-free)"),
     )
     norm = "agn"
     conv = "wn"
+
+    @classmethod
+    def adapt_model(cls, model, cfg):
+        """Every AGN layer mixes by ``--agn-mix`` and draws evaluation noise by ``--agn-eval``."""
+        mix, selection = cfg.opt("agn_mix"), cfg.opt("agn_eval")
+        if mix not in MIXES or selection not in EVAL_SELECTIONS:
+            raise MpiflError(f"--agn-mix must be one of {', '.join(MIXES)} and --agn-eval one of "
+                             f"{', '.join(EVAL_SELECTIONS)}, got {mix!r} and {selection!r}")
+        for layer in model.modules():
+            if isinstance(layer, AdaptiveGroupNorm):
+                layer.mix, layer.eval_noise = mix, selection == "gumbel"
+        return model
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
@@ -105,6 +133,7 @@ class FedNN(FedProx):
                 raise MpiflError(message)
         self.choice_keys = {e.key for e in entries if e.module_kind == "agn" and e.attr == "choice"}
         self.round = 1
+        self.eval_round = 1
 
     def tau(self, round_index: int) -> float:
         return fednn_tau(self.cfg.opt("tau0"), round_index, self.cfg.rounds)
@@ -123,6 +152,13 @@ class FedNN(FedProx):
     def begin_eval(self, model, round_index):
         """Before evaluating round ``round_index``'s model: that round's temperature."""
         set_agn_tau(model, self.tau(round_index))
+        self.eval_round = round_index
+
+    def global_private(self, client, download):
+        """Before a client's evaluation: with ``--agn-eval gumbel``, seed the draws by (seed, client, round)."""
+        if self.cfg.opt("agn_eval") == "gumbel":
+            torch.manual_seed(personalization_seeds(self.cfg.seed, client.id, self.eval_round)[1])
+        return super().global_private(client, download)
 
     def make_optimizer(self, model, round_index):
         return torch.optim.SGD(model.parameters(), lr=self.cfg.lr * self.cfg.opt("lr_decay") ** (round_index - 1),

@@ -32,11 +32,15 @@ Clients exchange class prototypes instead of weights (section 3):
   compares it with itself), and round 1 has no term.  ``lambda`` is ``--mu``
   (FedProx's option name, same type), default 1: FedRDN's appendix A.2 ("We
   empirically set mu to 0.001 for FedProx and 1 for FedProto").
-* **Which features make the prototypes**: those of the local training pass
-  itself, every mini-batch of every local epoch (the authors' code collects
-  them across its ``train_ep`` epochs), computed in training mode and
-  detached, so a prototype is the mean over E passes of a model that moves
-  while it trains.
+* **Which features make the prototypes** (``--proto-epochs``): those of the
+  local training pass itself, computed in training mode and detached.
+  ``last`` (default, the authors' code, ``yuetan031/FedProto``, which empties
+  its per-label feature lists at the start of every local epoch): every
+  mini-batch of the last local epoch only.  ``all``: every mini-batch of
+  every local epoch, a mean over E passes of a model that moves while it
+  trains (the paper, section 3, does not say which).  The last epoch is found
+  by counting mini-batches: ``ceil(n_i / B)`` per epoch as the runtime takes
+  them (``deltas.local_steps``).
 """
 
 from __future__ import annotations
@@ -48,9 +52,11 @@ import torch.nn.functional as F
 from ..plan.config import Option
 from ..errors import MpiflError
 from ..transport.wire import TensorSpec
+from .deltas import local_steps
 from .fedavg import FedAvg
 
 PROTOS, COUNTS, PRESENT = "fedproto.protos", "fedproto.counts", "fedproto.present"
+PROTO_EPOCHS = ("last", "all")
 
 
 def head_shape(entries) -> tuple[int, int]:
@@ -78,13 +84,17 @@ class FedProto(FedAvg):
     name = "fedproto"
     summary = "FedProto: models stay local, class prototypes (mean features) are averaged and regularize"
     evaluates = ("personal",)
-    options = (Option("mu", float, 1.0, "FedProto: weight lambda of the prototype loss"),)  # no model is averaged
+    options = (Option("mu", float, 1.0, "FedProto: weight lambda of the prototype loss"),  # no model is averaged
+               Option("proto_epochs", str, "last", "FedProto: local epochs whose features make the prototypes: "
+                      "last (authors' code) or all"))
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.classes, self.dim = head_shape(entries)
         if cfg.opt("mu") < 0:
             raise MpiflError(f"--mu must be >= 0, got {cfg.opt('mu')}")
+        if cfg.opt("proto_epochs") not in PROTO_EPOCHS:
+            raise MpiflError(f"--proto-epochs must be one of {', '.join(PROTO_EPOCHS)}, got {cfg.opt('proto_epochs')!r}")
 
     def shares(self, entry):
         return False
@@ -117,6 +127,9 @@ class FedProto(FedAvg):
         self._present = download[PRESENT] > 0
         self._sum = torch.zeros(self.classes, self.dim, device=self._global.device)
         self._count = torch.zeros(self.classes, device=self._global.device)
+        self._batches = 0  # mini-batches seen this round: the first _skip make no prototype
+        last = self.cfg.opt("proto_epochs") == "last"
+        self._skip = local_steps(client.spec.num_train, self.cfg.batch_size, self.local_epochs() - 1) if last else 0
 
     def prototype_loss(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``nn.MSELoss`` between features and their labels' global prototypes; 0 where a class has none."""
@@ -128,9 +141,11 @@ class FedProto(FedAvg):
         features = model.encode(x)
         logits = model.classifier(features)
         loss = F.cross_entropy(logits, y) + self.cfg.opt("mu") * self.prototype_loss(features, y)
-        with torch.no_grad():
-            self._sum.index_add_(0, y, features.detach().float())
-            self._count.index_add_(0, y, torch.ones_like(y, dtype=self._count.dtype))
+        self._batches += 1
+        if self._batches > self._skip:
+            with torch.no_grad():
+                self._sum.index_add_(0, y, features.detach().float())
+                self._count.index_add_(0, y, torch.ones_like(y, dtype=self._count.dtype))
         return loss, logits
 
     def end_local(self, client, model):

@@ -12,9 +12,10 @@ section 3 of the paper (named by its paragraphs; the authors' code,
   code's unbiased ``var`` is undefined for a batch of one), plus eps;
 * *client-sharing statistic variances*: each client keeps momentum averages
   of the batch means of its statistics, ``mu_bar <- a mu_bar + (1 - a)
-  mean_b mu``, ``sigma_bar`` alike (a = ``momentum``, 0.99 in the code; reset
-  to 0 and 1 when a client starts a round, Algorithm 1 line 5; updated when
-  the layer is active, as in the code).  The server's per-channel variance of
+  mean_b mu``, ``sigma_bar`` alike (a = ``momentum``, 0.99 in the code;
+  updated when the layer is active, as in the code; a round starts them from
+  (0, 1), Algorithm 1 line 5, :meth:`FeatureAugmentation.reset_running`, or,
+  as the authors' code, from the server's average, :meth:`~FeatureAugmentation.load_running`).  The server's per-channel variance of
   the clients' ``(mu_bar, sigma_bar)`` comes back as the buffers
   ``shared_var_mean`` and ``shared_var_std`` (initially 1, the code's value:
   every channel then weighs the same);
@@ -76,6 +77,12 @@ class FeatureAugmentation(nn.Module):
         """Algorithm 1, line 5: a client starts each round from mu_bar = 0, sigma_bar = 1."""
         self.running_mean.zero_()
         self.running_std.fill_(1.0)
+
+    @torch.no_grad()
+    def load_running(self, stats: torch.Tensor) -> None:
+        """Start from given (2, C) statistics (mu_bar, sigma_bar): the server's average (authors' code)."""
+        self.running_mean.copy_(stats[0])
+        self.running_std.copy_(stats[1])
 
     def client_stats(self) -> torch.Tensor:
         """(2, C): the client's momentum statistics (mu_bar, sigma_bar), what it uploads."""

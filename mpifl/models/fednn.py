@@ -31,10 +31,10 @@ AGN, section 3.2, eqs. (5)-(10)
   store them in the opposite order).
 * Mixing, eq. (10): ``mu = s0 mu_BN + s1 mu_GN`` and ``sigma = s0 sigma_BN +
   s1 sigma_GN`` with ``sigma = sqrt(var + eps)`` (eq. (5)): the paper mixes
-  **standard deviations**.  The public code mixes the
-  *variances*, ``sqrt(s0 var_BN + s1 var_GN + eps)``; ``mix="var"`` selects
-  that.  The default is the paper's ``mix="std"``.  Both agree whenever the
-  selection is one-hot.
+  **standard deviations** (``mix="std"``).  The public code, which produced
+  the paper's numbers (and FedNN's ablations), mixes the **variances**,
+  ``sigma = sqrt(s0 var_BN + s1 var_GN + eps)``: ``mix="var"``, the default.
+  Both agree whenever the selection is one-hot.
 * Affine, eq. (8): per-channel ``gamma`` (``weight``, ones) and ``beta``
   (``bias``, zeros).
 * BN running statistics: exponential moving averages with decay 0.997 (the
@@ -44,9 +44,11 @@ AGN, section 3.2, eqs. (5)-(10)
   variance is updated with the unbiased batch variance and starts at ones
   (the code starts it at zeros and mixes biased/unbiased terms).
 * Evaluation (the paper is silent): the BN statistics are the running ones,
-  GN's are per sample as in training, and the selection is noise-free,
-  ``softmax(select_logits / tau)`` (the code still draws Gumbel noise at eval,
-  which makes evaluation random; mpifl's evaluation stays deterministic).
+  GN's are per sample as in training.  The selection of a free (not frozen)
+  layer is, with ``eval_noise=True``, a fresh Gumbel-softmax draw at every
+  forward, as the public code does (FedNN turns it on: ``--agn-eval``); by
+  default the noise-free ``softmax(select_logits / tau)``, deterministic.
+  An evaluation draw never freezes the layer.
 * Temperature: ``tau`` is a plain attribute, not state: the algorithm sets it
   at each round start (:func:`set_agn_tau`; FedNN decays it linearly from 5 to
   about 0, as its public code does).  It must stay positive.
@@ -118,8 +120,9 @@ class AdaptiveGroupNorm(nn.Module):
         eps: float = AGN_EPS,
         decay: float = AGN_DECAY,
         tau: float = AGN_TAU0,
-        mix: str = "std",
+        mix: str = "var",
         freeze_on_one_hot: bool = True,
+        eval_noise: bool = False,
     ):
         super().__init__()
         if num_channels % num_groups:
@@ -132,6 +135,7 @@ class AdaptiveGroupNorm(nn.Module):
         self.decay = float(decay)
         self.mix = mix
         self.freeze_on_one_hot = freeze_on_one_hot
+        self.eval_noise = eval_noise
         self.tau = tau
         self.weight = nn.Parameter(torch.ones(num_channels))
         self.bias = nn.Parameter(torch.zeros(num_channels))
@@ -188,7 +192,8 @@ class AdaptiveGroupNorm(nn.Module):
 
     # ---------------------------------------------------------------- forward
     def selection(self) -> torch.Tensor:
-        """The (2,) weights ``(s_BN, s_GN)`` this forward uses; draws noise in training."""
+        """The (2,) weights ``(s_BN, s_GN)`` this forward uses; draws noise in training (and in evaluation
+        with ``eval_noise``)."""
         if self.training:
             soft = F.gumbel_softmax(self.select_logits, tau=self.tau, hard=False)
             with torch.no_grad():
@@ -197,6 +202,8 @@ class AdaptiveGroupNorm(nn.Module):
                     one_hot = (soft.max() - soft.min()) >= 1
                     newly = (self.choice < 0) & one_hot
                     self.choice.copy_(torch.where(newly, soft.argmax(), self.choice))
+        elif self.eval_noise:
+            soft = F.gumbel_softmax(self.select_logits, tau=self.tau, hard=False)
         else:
             soft = F.softmax(self.select_logits / self.tau, dim=0)
         fixed = (torch.arange(2, device=soft.device) == self.choice).to(soft.dtype)
@@ -239,7 +246,7 @@ class AdaptiveGroupNorm(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.num_channels}, groups={self.num_groups}, eps={self.eps}, "
-            f"decay={self.decay}, tau={self.tau}, mix={self.mix!r}"
+            f"decay={self.decay}, tau={self.tau}, mix={self.mix!r}, eval_noise={self.eval_noise}"
         )
 
 

@@ -52,6 +52,10 @@ def test_wire_is_fedavgs_and_the_client_state_is_private():
     assert algo.alpha == 0.01
     with pytest.raises(MpiflError, match="alpha"):
         make_algo("feddyn", alpha=0.0)
+    with pytest.raises(MpiflError, match="--feddyn-alpha must be one of client, global"):
+        make_algo("feddyn", feddyn_alpha="paper")
+    with pytest.raises(MpiflError, match="--feddyn-max-grad-norm must be >= 0"):
+        make_algo("feddyn", feddyn_max_grad_norm=-1.0)
 
 
 def test_first_round_correction_is_fedprox_with_mu_alpha():
@@ -74,7 +78,7 @@ def test_first_round_correction_is_fedprox_with_mu_alpha():
 
 def test_client_correction_and_state_update_by_hand():
     alpha = 0.2
-    algo, model = _feddyn(alpha=alpha)
+    algo, model = _feddyn(alpha=alpha, feddyn_max_grad_norm=0.0)
     client = algo.init_client(_spec(0), model.state_dict())
     gen = torch.Generator().manual_seed(0)
     for k in algo.params:
@@ -86,6 +90,46 @@ def test_client_correction_and_state_update_by_hand():
     assert algo.end_local(client, model) == {}
     for k in algo.params:  # g_k <- g_k - alpha (theta_k - theta_t)
         torch.testing.assert_close(client.private[GRAD + k], g_before[k] - alpha * 0.5)
+
+
+@pytest.mark.parametrize("rule", ["client", "global"])
+def test_alpha_is_scaled_per_client_by_mean_size_over_its_size_by_default(rule):
+    """Sizes 32 and 96 (mean 64): the authors' code trains them with alpha * 2 and alpha * 2/3."""
+    options = {} if rule == "client" else {"feddyn_alpha": "global"}
+    algo, model = make_algo("feddyn", alpha=0.3, feddyn_max_grad_norm=0.0, **options)
+    assert algo.cfg.opt("feddyn_alpha") == rule
+    algo.bind_clients([_spec(0, 32), _spec(1, 96)])
+    for cid, n, scale in ((0, 32, 2.0), (1, 96, 2 / 3)):
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        client = algo.init_client(_spec(cid, n), initial)
+        alpha_k = 0.3 * (scale if rule == "client" else 1.0)
+        for k, grad in _correction(algo, model, client, 0.5).items():
+            torch.testing.assert_close(grad, torch.full_like(grad, alpha_k * 0.5))
+        algo.end_local(client, model)
+        for k in algo.params:  # g_k <- g_k - alpha_k (theta_k - theta_t)
+            torch.testing.assert_close(client.private[GRAD + k], torch.full_like(initial[k], -alpha_k * 0.5))
+        model.load_state_dict(initial)
+
+
+def test_code_clip_bounds_the_loss_and_linear_gradient_before_the_quadratic():
+    """grad = clip_10(G - g_k - alpha theta_t) + alpha theta: G = 1 everywhere, g_k = 0, theta = theta_t + 0.5."""
+    alpha = 0.2
+    algo, model = _feddyn(alpha=alpha)
+    assert algo.clip == 10.0
+    client = algo.init_client(_spec(0), model.state_dict())
+    anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
+    algo.begin_local(client, model, {})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+            p.grad = torch.ones_like(p)
+    algo.after_backward(client, model)
+    unclipped = {n: 1.0 - alpha * a for n, a in anchor.items()}
+    norm = float(torch.linalg.vector_norm(torch.cat([u.flatten() for u in unclipped.values()])))
+    assert norm > 10  # the clip acts
+    for n, p in model.named_parameters():
+        expected = unclipped[n] * (10.0 / (norm + 1e-6)) + alpha * (anchor[n] + 0.5)
+        torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_server_rule_by_hand():

@@ -41,7 +41,9 @@ def test_policy_sends_shared_variances_down_only_and_client_statistics_up():
     algo, model = _fedfa()
     fedavg_keys = [k for k in model.state_dict() if not k.endswith("num_batches_tracked")]
     policy = algo.policy()
-    assert [s.name for s in policy.download] == fedavg_keys
+    assert [s.name for s in policy.download] == fedavg_keys + ["fedfa.running/0", "fedfa.running/1", "fedfa.running/2"]
+    assert [s.shape for s in policy.download[-3:]] == [(2, 16), (2, 32), (2, 64)]
+    assert [s.name for s in _fedfa(fedfa_stats="reset")[0].policy().download] == fedavg_keys
     assert [s.name for s in policy.upload] == [k for k in fedavg_keys if k not in SHARED] + [
         "fedfa.stats/0", "fedfa.stats/1", "fedfa.stats/2"]
     assert [s.shape for s in policy.upload[-3:]] == [(2, 16), (2, 32), (2, 64)]
@@ -80,24 +82,45 @@ def test_identical_client_statistics_leave_fusion_uniform():
     assert torch.allclose(fusion_gamma(server.model["fedfa.0.shared_var_mean"]), torch.ones(16))
 
 
-def test_client_resets_its_statistics_each_round_and_uploads_them_after_training():
-    algo, model = _fedfa(fedfa_p=1.0)
+def test_server_carries_the_weighted_mean_of_the_clients_statistics_by_default():
+    """The authors' code averages the statistics buffers with the model (weights 1/4, 1/4, 1/2 here)."""
+    algo, model = _fedfa()
+    assert algo.cfg.opt("fedfa_stats") == "carry"
+    server = algo.init_server(model.state_dict())
+    start = algo.download(server)["fedfa.running/1"]
+    assert torch.equal(start, torch.stack([torch.zeros(32), torch.ones(32)]))  # (0, 1) before any upload
+    stats = {f"fedfa.stats/{i}": [np.full((2, c), v, np.float32) for v in (1.0, 2.0, 4.0)]
+             for i, c in enumerate((16, 32, 64))}
+    weights = {k: [server.model[k].numpy()] * 3 for k in algo.uploaded_keys}
+    algo.aggregate(server, Uploads(clients=np.arange(3), meta=client_meta([10, 10, 20]),
+                                   tensors={**weights, **stats}))
+    down = algo.download(server)
+    assert torch.allclose(down["fedfa.running/2"], torch.full((2, 64), 2.75))  # 1/4 + 2/4 + 4/2
+    algo.begin_local(None, model, down)
+    assert torch.allclose(model.fedfa[0].client_stats(), torch.full((2, 16), 2.75))
+
+
+@pytest.mark.parametrize("rule", ["carry", "reset"])
+def test_client_starts_its_statistics_from_the_download_or_resets_them_and_uploads_them(rule):
+    algo, model = _fedfa(fedfa_p=1.0, fedfa_stats=rule)
     model.train()
     model(torch.randn(8, 3, 28, 28))
     assert model.fedfa[0].running_mean.abs().sum() > 0
-    algo.begin_local(None, model, {})
-    assert all(torch.equal(m.client_stats(), torch.stack([torch.zeros(m.channels), torch.ones(m.channels)]))
-               for m in model.fedfa)
+    carried = {f"fedfa.running/{i}": torch.full((2, m.channels), 3.0) for i, m in enumerate(model.fedfa)}
+    algo.begin_local(None, model, carried if rule == "carry" else {})
+    start = [torch.full((2, m.channels), 3.0) if rule == "carry"
+             else torch.stack([torch.zeros(m.channels), torch.ones(m.channels)]) for m in model.fedfa]
+    assert all(torch.equal(m.client_stats(), s) for m, s in zip(model.fedfa, start))
     x = torch.randn(8, 3, 28, 28)
     loss, _ = algo.batch_loss(None, model, x, torch.arange(8))
     loss.backward()
     up = algo.end_local(None, model)
     assert list(up) == ["fedfa.stats/0", "fedfa.stats/1", "fedfa.stats/2"]
     assert torch.equal(up["fedfa.stats/2"], model.fedfa[2].client_stats())
-    assert not torch.equal(up["fedfa.stats/0"][0], torch.zeros(16))
+    assert not torch.equal(up["fedfa.stats/0"], start[0])
 
 
-@pytest.mark.parametrize("bad", [{"fedfa_p": 1.5}, {"fedfa_momentum": 1.0}])
+@pytest.mark.parametrize("bad", [{"fedfa_p": 1.5}, {"fedfa_momentum": 1.0}, {"fedfa_stats": "keep"}])
 def test_bad_options(bad):
     with pytest.raises(MpiflError):
         _fedfa(**bad)
@@ -108,9 +131,10 @@ def test_two_rounds_add_only_the_statistics_to_fedavgs_wire(data_root, tmp_path)
     run_two_rounds(data_root, run, "fedfa")
     entries = state_entries(build_model("smallcnn", num_classes=10))
     model = sum(e.nbytes for e in entries if e.attr != "num_batches_tracked")
-    stats = 2 * 4 * (16 + 32 + 64)  # two vectors of C float32 per FFA layer, each way
+    stats = 2 * 4 * (16 + 32 + 64)  # two vectors of C float32 per FFA layer: shared variances, statistics
     for record in read_metrics(run):
-        assert record["bytes"]["down"] == record["bytes"]["up"] == 5 * (model + stats)
+        assert record["bytes"]["down"] == 5 * (model + 2 * stats)  # + the carried statistics
+        assert record["bytes"]["up"] == 5 * (model + stats)
         assert set(record["eval"]) == {"global"}
         assert np.isfinite(record["train"]["loss"])
 

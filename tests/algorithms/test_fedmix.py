@@ -75,8 +75,11 @@ class Linear(nn.Module):
         return x.flatten(1)
 
 
-def test_loss_matches_the_taylor_formula_and_trains_through_the_input_gradient(data_root):
-    algo, _ = _algo(data_root, fedmix_lambda=0.2)
+@pytest.mark.parametrize("scale", ["sample", "batch"])
+def test_loss_matches_the_taylor_formula_and_trains_through_the_input_gradient(data_root, scale):
+    options = {} if scale == "sample" else {"fedmix_taylor": "batch"}
+    algo, _ = _algo(data_root, fedmix_lambda=0.2, **options)
+    assert algo.cfg.opt("fedmix_taylor") == scale
     torch.manual_seed(0)
     model = Linear()
     x, y = torch.randn(5, 1, 2, 2), torch.tensor([0, 1, 2, 1, 0])
@@ -88,6 +91,8 @@ def test_loss_matches_the_taylor_formula_and_trains_through_the_input_gradient(d
     ce = -torch.log(p[torch.arange(5), y])
     soft = -(y_bar * torch.log(p)).sum(1)
     input_grad = (1 - lam) * (p - F.one_hot(y, 3)) @ W  # d/dx of (1 - lam) CE at (1 - lam) x
+    if scale == "batch":
+        input_grad = input_grad / 5  # d/dx of the batch mean (1 - lam) mean_i CE_i
     taylor = (input_grad * x_bar.flatten(1)).sum(1)
     expected = ((1 - lam) * ce + lam * soft + lam * taylor).mean()
     assert torch.allclose(logits, z) and torch.allclose(loss, expected, atol=1e-6)
@@ -120,7 +125,8 @@ def test_batch_loss_draws_mean_images_with_torchs_generator(data_root):
     assert torch.allclose(first, again) and torch.allclose(first, expected)
 
 
-@pytest.mark.parametrize("bad", [{"fedmix_lambda": 1.0}, {"fedmix_batch": 0}, {"fedmix_means": 0}])
+@pytest.mark.parametrize("bad", [{"fedmix_lambda": 1.0}, {"fedmix_batch": 0}, {"fedmix_means": 0},
+                                 {"fedmix_taylor": "mean"}])
 def test_bad_options(data_root, bad):
     with pytest.raises(MpiflError):
         _algo(data_root, **bad)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl.algorithms import Uploads
+from mpifl.algorithms import ClientState, Uploads
+from mpifl.plan.clients import ClientSpec
+from mpifl.plan.seeding import personalization_seeds
 from mpifl.algorithms.fednn import aggregate_choice, fednn_tau
 from mpifl.errors import MpiflError
 from mpifl.models import AdaptiveGroupNorm, WNConv2d
@@ -122,8 +124,39 @@ def test_a_round_of_training_freezes_at_low_tau_and_uploads_int_choices():
     assert all(int(model.state_dict()[k]) in (0, 1) for k in algo.choice_keys)
 
 
+def _adapted(**options):
+    algo, model = _algo(**options)
+    return algo, type(algo).adapt_model(model, algo.cfg)
+
+
+def test_agn_mix_and_evaluation_noise_default_to_the_authors_code():
+    for options, mix, noise in (({}, "var", True), ({"agn_mix": "std", "agn_eval": "softmax"}, "std", False)):
+        _, model = _adapted(**options)
+        layers = [m for m in model.modules() if isinstance(m, AdaptiveGroupNorm)]
+        assert layers and all(m.mix == mix and m.eval_noise == noise for m in layers)
+
+
+def test_evaluation_draws_are_seeded_per_client_and_round_evaluated():
+    algo, model = _adapted()
+    model.eval()
+    x = torch.randn(2, 3, 28, 28)
+    client = ClientState(ClientSpec(id=4, domain="d", rows={}), {})
+    algo.begin_eval(model, 3)
+    outputs = []
+    for junk in (1, 2):  # whatever the generator's state before, the same draws
+        torch.manual_seed(junk)
+        algo.global_private(client, {})
+        outputs.append(model(x))
+    torch.manual_seed(personalization_seeds(0, 4, 3)[1])
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+    torch.testing.assert_close(model(x), outputs[0], rtol=0, atol=0)
+    algo.begin_eval(model, 4)
+    algo.global_private(client, {})
+    assert not torch.equal(model(x), outputs[0])
+
+
 @pytest.mark.parametrize("bad", [{"fednn_base": "scaffold"}, {"tau0": 0.0}, {"lr_decay": 0.0},
-                                 {"max_grad_norm": -1.0}])
+                                 {"max_grad_norm": -1.0}, {"agn_mix": "sd"}, {"agn_eval": "noisy"}])
 def test_bad_options(bad):
     with pytest.raises(MpiflError):
-        _algo(**bad)
+        _adapted(**bad)

@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpifl.algorithms import Uploads, get_algorithm
+from mpifl.algorithms import ClientState, Uploads, get_algorithm
 from mpifl.algorithms.fedproto import COUNTS, PRESENT, PROTOS, aggregate_prototypes
+from mpifl.plan.clients import ClientSpec
 from mpifl.plan.config import resolve
 from mpifl.errors import MpiflError
 
@@ -17,6 +18,10 @@ from .helpers import client_meta, make_algo, run_two_rounds
 def _algo(mu=1.0):
     algo, model = make_algo("fedproto", mu=mu)
     return algo, model
+
+
+def _client(n=8):
+    return ClientState(ClientSpec(id=0, domain="d", rows={s: np.arange(n) for s in ("train", "val", "test")}), {})
 
 
 def _download(protos, present):
@@ -42,6 +47,8 @@ def test_mu_defaults_to_fedrdn_value_while_fedprox_keeps_its_own():
     assert "uniform_weights" not in declared["fedproto"]  # FedProto averages no model
     with pytest.raises(MpiflError, match="--mu"):
         make_algo("fedproto", mu=-1.0)
+    with pytest.raises(MpiflError, match="--proto-epochs must be one of last, all"):
+        make_algo("fedproto", proto_epochs="first")
 
 
 def test_server_takes_the_count_weighted_mean_per_class_and_keeps_unreported_classes():
@@ -74,7 +81,7 @@ def test_aggregate_through_uploads_updates_the_download():
 def test_without_global_prototypes_the_loss_is_cross_entropy():
     algo, model = _algo()
     x, y = torch.randn(6, 3, 28, 28), torch.tensor([0, 1, 2, 0, 1, 2])
-    algo.begin_local(None, model, _download(torch.zeros(10, 64), torch.zeros(10)))
+    algo.begin_local(_client(), model, _download(torch.zeros(10, 64), torch.zeros(10)))
     loss, logits = algo.batch_loss(None, model, x, y)
     assert torch.allclose(loss, F.cross_entropy(logits, y))
 
@@ -85,7 +92,7 @@ def test_loss_adds_mu_times_the_mse_to_the_label_prototypes_where_they_exist():
     protos, present = torch.randn(10, 64), torch.zeros(10)
     present[[0, 2]] = 1.0  # class 1 has no global prototype
     x, y = torch.randn(6, 3, 28, 28), torch.tensor([0, 1, 2, 0, 1, 2])
-    algo.begin_local(None, model, _download(protos, present))
+    algo.begin_local(_client(), model, _download(protos, present))
     loss, logits = algo.batch_loss(None, model, x, y)
     features = model.encode(x)  # train mode: batch statistics, the same features again
     squared = sum(((features[i] - protos[y[i]]) ** 2).sum() for i in range(6) if y[i] != 1)
@@ -95,7 +102,7 @@ def test_loss_adds_mu_times_the_mse_to_the_label_prototypes_where_they_exist():
 
 def test_uploaded_prototypes_are_class_means_of_every_training_batch_features():
     algo, model = _algo()
-    algo.begin_local(None, model, _download(torch.zeros(10, 64), torch.zeros(10)))
+    algo.begin_local(_client(), model, _download(torch.zeros(10, 64), torch.zeros(10)))
     torch.manual_seed(1)
     batches = [(torch.randn(4, 3, 28, 28), torch.tensor([1, 1, 5, 7])),
                (torch.randn(4, 3, 28, 28), torch.tensor([5, 1, 5, 5]))]
@@ -109,6 +116,26 @@ def test_uploaded_prototypes_are_class_means_of_every_training_batch_features():
     for c in (1, 5, 7):
         assert torch.allclose(up[PROTOS][c], features[labels == c].mean(0), atol=1e-6)
     assert not up[PROTOS][0].any()  # a class the client lacks uploads zeros with count 0
+
+
+@pytest.mark.parametrize("rule", ["last", "all"])
+def test_prototypes_come_from_the_last_local_epoch_by_default_or_from_all(rule):
+    """8 samples, B = 4, E = 2: batches 1-2 are epoch 1, 3-4 epoch 2 (the authors' code keeps epoch 2 only)."""
+    options = {} if rule == "last" else {"proto_epochs": "all"}
+    algo, model = make_algo("fedproto", {"local_epochs": 2, "batch_size": 4}, **options)
+    assert algo.cfg.opt("proto_epochs") == rule
+    algo.begin_local(_client(8), model, _download(torch.zeros(10, 64), torch.zeros(10)))
+    torch.manual_seed(2)
+    batches = [(torch.randn(4, 3, 28, 28), torch.tensor([3, 3, 3, 3])) for _ in range(4)]
+    feats = []
+    for x, y in batches:
+        algo.batch_loss(None, model, x, y)
+        feats.append(model.encode(x).detach())
+    up = algo.end_local(None, model)
+    used = feats[2:] if rule == "last" else feats
+    assert up[COUNTS][3] == 4 * len(used)
+    assert torch.allclose(up[PROTOS][3], torch.cat(used).mean(0), atol=1e-6)
+    assert not torch.allclose(torch.cat(feats[2:]).mean(0), torch.cat(feats).mean(0), atol=1e-3)
 
 
 def test_two_rounds_move_only_prototypes_and_report_personal_models(data_root, tmp_path):

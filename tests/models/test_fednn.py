@@ -55,6 +55,24 @@ def test_defaults_and_state():
         "weight", "bias", "select_logits", "running_mean", "running_var", "choice",
     ]  # fmt: skip
     assert int(layer.choice) == -1 and not layer.is_frozen
+    assert layer.mix == "var" and not layer.eval_noise
+
+
+def test_norm_agn_mixes_variances_by_default_the_authors_code_not_eq_10():
+    """x (1, 2, 1, 2): channel 0 = [0, 2] (GN mean 1, var 1), channel 1 = [1, 1] (mean 1, var 0); running BN
+    mean 0, var 4; s = (1/2, 1/2).  var: sigma = sqrt(2 + var_GN / 2); eq. 10 (std): sigma = 1 + sd_GN / 2."""
+    built = [m for m in build_model("smallcnn", num_classes=10, norm="agn", conv="wn").modules()
+             if isinstance(m, AdaptiveGroupNorm)]
+    assert built and all(m.mix == "var" for m in built)
+    x = torch.tensor([[[[0.0, 2.0]], [[1.0, 1.0]]]])
+    expected = {"var": [[-0.5 / 2.5 ** 0.5, 1.5 / 2.5 ** 0.5], [0.5 / 2 ** 0.5] * 2],
+                "std": [[-0.5 / 1.5, 1.5 / 1.5], [0.5 / (1 + 0.5 * 1e-5 ** 0.5)] * 2]}
+    for mix in ("default", "std"):
+        layer = AdaptiveGroupNorm(2) if mix == "default" else AdaptiveGroupNorm(2, mix="std")
+        layer.running_var.fill_(4.0)
+        layer.eval()
+        rule = "var" if mix == "default" else "std"
+        torch.testing.assert_close(layer(x)[0, :, 0], torch.tensor(expected[rule]), rtol=0, atol=1e-5)
 
 
 def test_one_hot_on_bn_is_batch_norm_with_momentum_0_003():
@@ -118,7 +136,7 @@ def test_training_mixes_with_a_gumbel_softmax_draw(mix):
 
 
 def test_eval_is_noise_free_softmax_over_tau_with_running_bn_stats():
-    layer = make_agn(tau=0.5)
+    layer = make_agn(tau=0.5, mix="std")
     with torch.no_grad():
         layer.select_logits.copy_(torch.tensor([1.0, 0.4]))
         layer.running_mean.normal_()
@@ -133,6 +151,25 @@ def test_eval_is_noise_free_softmax_over_tau_with_running_bn_stats():
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     before = layer.running_mean.clone()
     assert torch.equal(layer(x), layer(x)) and torch.equal(layer.running_mean, before)
+
+
+def test_eval_noise_draws_a_gumbel_softmax_at_every_forward():
+    layer = make_agn(tau=0.5, eval_noise=True)
+    with torch.no_grad():
+        layer.select_logits.copy_(torch.tensor([1.0, 0.4]))
+        layer.running_var.fill_(2.0)
+    layer.eval()
+    x = torch.randn(2, 6, 3, 3)
+    torch.manual_seed(11)
+    s = F.gumbel_softmax(torch.tensor([1.0, 0.4]), tau=0.5, hard=False)
+    torch.manual_seed(11)
+    out = layer(x)
+    _, _, mean_gn, var_gn = stats(x)
+    sigma = (s[0] * 2.0 + s[1] * var_gn + 1e-5).sqrt()
+    expected = (x - s[1] * mean_gn) / sigma * layer.weight.view(1, 6, 1, 1) + layer.bias.view(1, 6, 1, 1)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(layer(x), out)  # a new draw
+    assert not layer.is_frozen and layer.last_selection is None
 
 
 def test_freezes_once_a_draw_is_one_hot():
