@@ -58,8 +58,9 @@ _HELP = {
            "fedrdn-v (all clients' average)",
     "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
                 "sample (one client's pair per image, the paper's eq. 7)",
-    "train_transforms": "training augmentations, in batch on the device: comma list of flip, crop (pad size/8, "
-                        "reflect), jitter (brightness/contrast/saturation 0.4), or none",
+    "train_transforms": "training augmentations, in batch on the device: comma list of flip, rotate (+-30 deg, "
+                        "FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation 0.4), "
+                        "jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
     "eval_batch_size": "batch size for evaluation",
