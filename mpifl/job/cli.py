@@ -35,7 +35,8 @@ _HELP = {
              "PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): "
              + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items()),
     "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
-                  "of another size is skipped; PerXAN models take BN weights on their BN side",
+                  "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
+                  "normalized with ImageNet's mean and std",
     "rounds": "communication rounds",
     "local_epochs": "local epochs per round (E)",
     "batch_size": "local mini-batch size (B)",
