@@ -36,9 +36,17 @@ clients also upload their BN sides (running statistics and affine, not the
 step counter); the server averages them and sends the average down under
 ``gperxan.global_bn/<key>``, used *only* to assemble the global model that
 evaluates the held-out domain (and the source domains' "global" rows);
-training clients never load it.  Model selection: the round of best mean
-source-domain validation accuracy of the global model (the held-out row's
-best round; ``summary.csv``).
+training clients never load it.
+
+**Model selection (``--select-by``).**  The paper picks "the best validation
+model selected based on the average of accuracies on validation sets of
+source clients" (section 4.2).  The authors' code scores each round by the
+validation accuracy of every client's *post-training local model* (right
+after local training, before aggregation), averaged with the clients'
+training-sample counts as weights, and keeps the aggregated model of the best
+round (the first on ties).  That is the default here (``auto`` =
+``local-val``); ``val-mean`` takes the unweighted mean over source domains
+of the evaluated model's validation accuracy.
 
 Hyperparameters of the paper (section 4.1): SGD lr 2e-3, 100 rounds, E = 1,
 224 px, flip + color jitter, ResNet-50 with PerXAN in the first blocks;
@@ -67,6 +75,7 @@ class GPerXAN(FedAvg):
     name = "gperxan"
     summary = "gPerXAN: PerXAN layers with personal BN sides + guiding regularizer through the global classifier"
     norm = "perxan"
+    selects_by = "local-val"
     options = FedAvg.options + (
         Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),
         Option("perxan_blocks", str, "all", "PerXAN in the stem and the first N stages, plain shared BN after "

@@ -148,8 +148,13 @@ class ClientHost:
         upload, stats = client_round(self.model, self.slots, self.algo, client, self.data[client.id], download,
                                      round_index, self.session.cfg, self.precision)
         self.data_seconds += stats.data_seconds
+        val_correct = val_seen = 0
+        if self.algo.selection == "local-val":  # the post-training local model, before aggregation
+            _, val_correct, val_seen = evaluate(self.model, self.data[client.id], "val",
+                                                self.session.cfg.eval_batch_size, self.precision)
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
-                                       loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen)
+                                       loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen,
+                                       val_correct=val_correct, val_seen=val_seen)
         return upload
 
     def _fitter(self, client: ClientState, round_index: int):

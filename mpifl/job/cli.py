@@ -64,6 +64,9 @@ _HELP = {
                         "jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
+    "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "
+                 "(clients' post-training local models' validation accuracy weighted by training samples, gPerXAN's "
+                 "code) or auto (the method's own: local-val for gperxan, else val-mean)",
     "eval_batch_size": "batch size for evaluation",
     "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
                     "block ahead, instead of keeping them in (device) memory",
