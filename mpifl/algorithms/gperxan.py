@@ -50,7 +50,9 @@ of the evaluated model's validation accuracy.
 
 Hyperparameters of the paper (section 4.1): SGD lr 2e-3, 100 rounds, E = 1,
 224 px, flip + color jitter, ResNet-50 with PerXAN in the first blocks;
-the authors' code adds momentum 0.9, wd 5e-4 and a cosine schedule.
+the authors' code adds momentum 0.9, wd 5e-4, a cosine schedule, colour
+jitter with p 0.5 and strengths 0.2 (``--train-transforms flip,jitter-hue``)
+and ImageNet input normalization (what ``--pretrained`` applies).
 """
 
 from __future__ import annotations
