@@ -120,6 +120,7 @@ class Algorithm:
     norm: ClassVar[str] = "bn"
     conv: ClassVar[str] = "plain"
     evaluates: ClassVar[tuple[str, ...]] = ("global",)
+    selects_by: ClassVar[str] = "val-mean"  # the best-round rule of --select-by auto
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -135,6 +136,11 @@ class Algorithm:
         self.phase = 0
         self._keys: dict[int, dict[str, list[str]]] = {}
         self.num_training_clients = 0  # N, set by bind_clients
+
+    @property
+    def selection(self) -> str:
+        """The run's best-round rule: ``--select-by``, or the method's :attr:`selects_by` under ``auto``."""
+        return self.selects_by if self.cfg.select_by == "auto" else self.cfg.select_by
 
     def bind_clients(self, clients: Sequence[ClientSpec]) -> None:
         """The run's logical clients, the same list on every rank; called once when the session is built.

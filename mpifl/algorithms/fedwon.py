@@ -35,6 +35,14 @@ containing "digit": ``digits``, the generated ``styledigits``) and 1.28 for
 every other dataset.  The paper's learning rates (Table 8: 0.05 Digits-Five,
 0.1 Office-Caltech-10, 0.05 DomainNet at B = 32; Table 9 for small batches)
 are not defaults here: pass ``--lr``.
+
+Models (appendix A.2): Digits-Five uses the six-layer CNN of Table 5
+(``--model fedwon-cnn``; FedBN's ``digitmodel`` has BN, not Dropout, between
+its FC layers), Office-Caltech-10 and DomainNet the AlexNet of Table 6
+(``alexnet-dropout``), each built with WSConv and no norm for FedWon and with
+BN for the BN baselines; training images are flipped and rotated by up to 30
+degrees on Office-Caltech-10 and DomainNet, FedBN's preprocessing
+(``--train-transforms flip,rotate``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,24 @@
 """gPerXAN (Le et al., 2024): personalized explicitly assembled normalization + guiding regularizer.
 
-**PerXAN (section 3.1, eq. 2).**  Every BN layer of the feature extractor is
-a PerXAN layer: BN and IN outputs mixed by ``softmax([s_bn, s_in])``
+**PerXAN (section 3.1, eq. 2).**  BN layers of the feature extractor are
+PerXAN layers: BN and IN outputs mixed by ``softmax([s_bn, s_in])``
 (``mpifl.models.perxan``).  The BN side (its affine parameters, running
 statistics and score ``s_bn``) is personal: it is never broadcast.  The IN
 side, its score and all other parameters, classifier included, are averaged
 as in FedAvg.
+
+**Which layers (``--perxan-blocks``).**  The paper (section 4.2) replaces BN
+only in the first blocks: the first four of ResNet-50 on PACS, the first two
+on Office-Home, the first dense block and its transition on Camelyon17
+(DenseNet-121).  The authors' public code builds
+``resnet50(norm_layer=<PerXAN>)``, which replaces every BN; that is the
+default, ``all``.  ``N`` keeps PerXAN in the stem and the first ``N`` stages
+of :func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
+DenseNet dense block k with transition k) and turns the later ones back into
+plain ``BatchNorm2d``.  Those plain BN layers are **shared**: weight, bias and
+running statistics averaged like every other parameter (step counters stay
+local), as the public code's rule (personal = keys containing ``batchnorm``,
+which plain BN keys do not) makes them.
 
 **Guiding regularizer (section 3.2, eqs. 3-4).**  Local loss
 ``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
@@ -23,14 +36,23 @@ clients also upload their BN sides (running statistics and affine, not the
 step counter); the server averages them and sends the average down under
 ``gperxan.global_bn/<key>``, used *only* to assemble the global model that
 evaluates the held-out domain (and the source domains' "global" rows);
-training clients never load it.  Model selection: the round of best mean
-source-domain validation accuracy of the global model (the held-out row's
-best round; ``summary.csv``).
+training clients never load it.
+
+**Model selection (``--select-by``).**  The paper picks "the best validation
+model selected based on the average of accuracies on validation sets of
+source clients" (section 4.2).  The authors' code scores each round by the
+validation accuracy of every client's *post-training local model* (right
+after local training, before aggregation), averaged with the clients'
+training-sample counts as weights, and keeps the aggregated model of the best
+round (the first on ties).  That is the default here (``auto`` =
+``local-val``); ``val-mean`` takes the unweighted mean over source domains
+of the evaluated model's validation accuracy.
 
 Hyperparameters of the paper (section 4.1): SGD lr 2e-3, 100 rounds, E = 1,
 224 px, flip + color jitter, ResNet-50 with PerXAN in the first blocks;
-the authors' code adds momentum 0.9, wd 5e-4 and a cosine schedule.  Here the
-norm kind applies to every BN layer of the chosen model.
+the authors' code adds momentum 0.9, wd 5e-4, a cosine schedule, colour
+jitter with p 0.5 and strengths 0.2 (``--train-transforms flip,jitter-hue``)
+and ImageNet input normalization (what ``--pretrained`` applies).
 """
 
 from __future__ import annotations
@@ -39,6 +61,11 @@ import copy
 
 import torch.nn.functional as F
 
+from torch import nn
+
+from ..errors import MpiflError
+from ..models.perxan import PerXAN
+from ..models.surgery import stage_outputs
 from ..plan.config import Option
 from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
@@ -50,7 +77,32 @@ class GPerXAN(FedAvg):
     name = "gperxan"
     summary = "gPerXAN: PerXAN layers with personal BN sides + guiding regularizer through the global classifier"
     norm = "perxan"
-    options = FedAvg.options + (Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),)
+    selects_by = "local-val"
+    options = FedAvg.options + (
+        Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),
+        Option("perxan_blocks", str, "all", "PerXAN in the stem and the first N stages, plain shared BN after "
+               "(all: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17)"),
+    )
+
+    @classmethod
+    def adapt_model(cls, model, cfg):
+        """Turn the PerXAN layers after the first ``--perxan-blocks`` stages back into plain BN."""
+        text = str(cfg.opt("perxan_blocks")).strip()
+        if text == "all":
+            return model
+        ends = stage_outputs(model)
+        if not text.isdigit() or not 1 <= int(text) <= len(ends):
+            raise MpiflError(f"--perxan-blocks must be all or a number of stages from 1 to {len(ends)} for "
+                             f"{type(model).__name__}, got {text!r}")
+        last = ends[int(text) - 1]
+        modules = list(model.named_modules())
+        cut = max(i for i, (n, _) in enumerate(modules) if n == last or n.startswith(last + "."))
+        for name, layer in modules[cut + 1:]:
+            if isinstance(layer, PerXAN):
+                owner, _, attr = name.rpartition(".")
+                plain = nn.BatchNorm2d(layer.num_features).to(next(layer.parameters()).device)
+                setattr(model.get_submodule(owner), attr, plain)
+        return model
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)

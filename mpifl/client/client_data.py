@@ -10,7 +10,8 @@ own size, so it never depends on the number of ranks.
 Either way a mini-batch becomes the model's input by one fused
 scale-and-shift, ``x = (p / 255 - mean) / std = p * (1 / (255 std)) - mean /
 std``, with the (mean, std) its :class:`~mpifl.client.normalize.Normalizer` gives: the
-dataset's by default, drawn per batch or per image under FedRDN (``--aug``);
+dataset's by default (ImageNet's with ``--pretrained``, :func:`input_mean_std`), drawn per
+batch or per image under FedRDN (``--aug``);
 training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`).
 
 Epoch order: resident data follow one seeded permutation of all rows;
@@ -160,11 +161,23 @@ def _segments(client: ClientSpec) -> dict[str, Segments]:
             "test": [(split, client.rows[split]) for split in SPLITS]}
 
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def input_mean_std(manifest: DatasetManifest, pretrained: bool) -> tuple[list[float], list[float]]:
+    """The input (mean, std): ImageNet's for an ImageNet-pretrained backbone (torchvision's weights
+    were trained on them; gPerXAN's code normalizes so), else the dataset's pooled statistics."""
+    if pretrained:
+        return list(IMAGENET_MEAN), list(IMAGENET_STD)
+    return manifest.normalize["mean"], manifest.normalize["std"]
+
+
 def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[ClientSpec],
                      device: torch.device, stream_above_gib: float = float("inf"),
-                     block: int = 2048, transforms: TrainTransforms | None = None) -> dict[int, ClientData]:
-    """Each hosted client's labels, and its images resident or streamed (dataset normalization)."""
-    normalizer = fixed(manifest.normalize["mean"], manifest.normalize["std"], device=device)
+                     block: int = 2048, transforms: TrainTransforms | None = None,
+                     pretrained: bool = False) -> dict[int, ClientData]:
+    """Each hosted client's labels, and its images resident or streamed (:func:`input_mean_std`)."""
+    normalizer = fixed(*input_mean_std(manifest, pretrained), device=device)
     image_bytes = int(np.prod(manifest.image_size)) * manifest.channels
     out: dict[int, ClientData] = {}
     for domain in sorted({c.domain for c in clients}, key=manifest.domains.index):

@@ -52,7 +52,8 @@ class ClientHost:
         specs = [session.clients[c] for c in self.hosted]
         self.data = load_client_data(session.cfg.data_root, session.manifest, specs, device,
                                      stream_above_gib=session.cfg.stream_above,
-                                     transforms=TrainTransforms(parse(session.cfg.train_transforms)))
+                                     transforms=TrainTransforms(parse(session.cfg.train_transforms)),
+                                     pretrained=bool(session.cfg.pretrained))
         cfg = session.cfg
         self.precision = Precision(cfg.precision, device, cfg.channels_last)
         self.model = session.build_model().to(device)
@@ -147,8 +148,13 @@ class ClientHost:
         upload, stats = client_round(self.model, self.slots, self.algo, client, self.data[client.id], download,
                                      round_index, self.session.cfg, self.precision)
         self.data_seconds += stats.data_seconds
+        val_correct = val_seen = 0
+        if self.algo.selection == "local-val":  # the post-training local model, before aggregation
+            _, val_correct, val_seen = evaluate(self.model, self.data[client.id], "val",
+                                                self.session.cfg.eval_batch_size, self.precision)
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
-                                       loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen)
+                                       loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen,
+                                       val_correct=val_correct, val_seen=val_seen)
         return upload
 
     def _fitter(self, client: ClientState, round_index: int):

@@ -1,4 +1,4 @@
-"""``--train-transforms flip,crop,jitter``: training augmentations done in batch on the device.
+"""``--train-transforms flip,rotate,crop,jitter,jitter-hue``: training augmentations done in batch on the device.
 
 Each acts on a whole mini-batch of float pixels in [0, 255] (N, C, H, W),
 before normalization, with per-image random parameters drawn from the
@@ -7,13 +7,22 @@ trains the client), and no per-image Python work:
 
 * ``flip``: horizontal flip with probability 1/2 (torchvision's
   ``RandomHorizontalFlip``);
+* ``rotate``: rotation about the centre by an angle uniform in [-30, 30]
+  degrees, nearest pixel, zero fill outside the image (FedBN's public code,
+  ``RandomRotation((-30, 30))``, which FedWon follows on Office-Caltech-10
+  and DomainNet; positive angles counter-clockwise, as torchvision);
 * ``crop``: pad each side by ``max(1, round(size / 8))`` pixels (4 at 32 px,
   torchvision's ``RandomCrop(32, padding=4)`` of CIFAR training), reflecting
   the border, and cut a random window of the original size;
 * ``jitter``: brightness, contrast and saturation factors each uniform in
   [0.6, 1.4] (``ColorJitter(0.4, 0.4, 0.4)``), applied in that fixed order
   (torchvision shuffles the order per call; a fixed one keeps the batch one
-  computation), clamped to [0, 255]; single-channel images skip saturation.
+  computation), clamped to [0, 255]; single-channel images skip saturation;
+* ``jitter-hue``: gPerXAN's public code (albumentations' ``ColorJitter()``
+  defaults): each image with probability 1/2 gets brightness, contrast and
+  saturation factors uniform in [0.8, 1.2] and then a hue shift uniform in
+  [-0.2, 0.2] of the colour circle (HSV hue; single-channel images skip
+  saturation and hue), in that fixed order, clamped to [0, 255].
 
 Evaluation never transforms.
 """
@@ -25,8 +34,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-TRANSFORMS = ("flip", "crop", "jitter")
+TRANSFORMS = ("flip", "rotate", "crop", "jitter", "jitter-hue")
 JITTER = 0.4
+ROTATE_DEGREES = 30.0
+JITTER_HUE = (0.5, 0.2, 0.2)  # jitter-hue: probability, brightness/contrast/saturation strength, hue shift
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as torchvision's rgb_to_grayscale
 
 
@@ -39,6 +50,19 @@ def parse(text: str) -> tuple[str, ...]:
 def flip(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     flipped = torch.as_tensor(rng.random(len(x)) < 0.5, device=x.device)
     return torch.where(flipped[:, None, None, None], x.flip(-1), x)
+
+
+def rotate(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    angles = np.deg2rad(rng.uniform(-ROTATE_DEGREES, ROTATE_DEGREES, size=len(x)))
+    cos, sin = (torch.as_tensor(f(angles), dtype=x.dtype, device=x.device) for f in (np.cos, np.sin))
+    n, _, h, w = x.shape
+    # output pixel (u, v) in normalized coords samples the input at the inverse rotation; y points down,
+    # so a counter-clockwise turn on screen maps (u, v) -> (u cos - v sin h/w, u sin w/h + v cos)
+    theta = torch.zeros(n, 2, 3, dtype=x.dtype, device=x.device)
+    theta[:, 0, 0], theta[:, 0, 1] = cos, -sin * h / w
+    theta[:, 1, 0], theta[:, 1, 1] = sin * w / h, cos
+    grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
+    return torch.nn.functional.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 
 
 def crop(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -73,12 +97,44 @@ def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return x
 
 
+def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """RGB in [0, 255] (N, 3, H, W) with each image's HSV hue moved by ``shift`` (N,) turns."""
+    rgb = x / 255
+    value, _ = rgb.max(dim=1)
+    delta = value - rgb.min(dim=1).values
+    sat = torch.where(value > 0, delta / value.clamp_min(1e-12), torch.zeros_like(value))
+    r, g, b = rgb.unbind(1)
+    safe = delta.clamp_min(1e-12)
+    hue = torch.where(value == r, ((g - b) / safe) % 6, torch.where(value == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    hue = torch.where(delta > 0, hue, torch.zeros_like(hue)) + 6 * shift[:, None, None]
+    # hsv -> rgb: channel n in (5, 3, 1) is v - v s clamp(min(k, 4 - k), 0, 1) with k = (n + 6h) mod 6
+    out = [value - value * sat * torch.minimum((n + hue) % 6, 4 - (n + hue) % 6).clamp(0, 1) for n in (5, 3, 1)]
+    return torch.stack(out, dim=1) * 255
+
+
+def jitter_hue(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    p, strength, hue = JITTER_HUE
+    n = len(x)
+    picked = torch.as_tensor(rng.random(n) < p, device=x.device)
+    factors = torch.as_tensor(rng.uniform(1 - strength, 1 + strength, size=(3, n)), dtype=x.dtype,
+                              device=x.device)[:, :, None, None, None]
+    shifts = torch.as_tensor(rng.uniform(-hue, hue, size=n), dtype=x.dtype, device=x.device)
+    brightness, contrast, saturation = factors
+    out = (x * brightness).clamp(0, 255)
+    mean = _gray(out).mean(dim=(1, 2, 3), keepdim=True)
+    out = ((out - mean) * contrast + mean).clamp(0, 255)
+    if x.shape[1] == 3:
+        gray = _gray(out)
+        out = _hue_shift(((out - gray) * saturation + gray).clamp(0, 255), shifts).clamp(0, 255)
+    return torch.where(picked[:, None, None, None], out, x)
+
+
 _BY_NAME: dict[str, Callable[[torch.Tensor, np.random.Generator], torch.Tensor]] = {
-    "flip": flip, "crop": crop, "jitter": jitter}
+    "flip": flip, "rotate": rotate, "crop": crop, "jitter": jitter, "jitter-hue": jitter_hue}
 
 
 class TrainTransforms:
-    """The chosen transforms, applied in the order flip, crop, jitter."""
+    """The chosen transforms, applied in the order of :data:`TRANSFORMS` (FedBN: flip, then rotate)."""
 
     def __init__(self, names: tuple[str, ...]):
         unknown = [n for n in names if n not in _BY_NAME]

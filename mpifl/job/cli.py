@@ -35,7 +35,8 @@ _HELP = {
              "PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): "
              + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items()),
     "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
-                  "of another size is skipped; PerXAN models take BN weights on their BN side",
+                  "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
+                  "normalized with ImageNet's mean and std",
     "rounds": "communication rounds",
     "local_epochs": "local epochs per round (E)",
     "batch_size": "local mini-batch size (B)",
@@ -58,10 +59,14 @@ _HELP = {
            "fedrdn-v (all clients' average)",
     "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
                 "sample (one client's pair per image, the paper's eq. 7)",
-    "train_transforms": "training augmentations, in batch on the device: comma list of flip, crop (pad size/8, "
-                        "reflect), jitter (brightness/contrast/saturation 0.4), or none",
+    "train_transforms": "training augmentations, in batch on the device: comma list of flip, rotate (+-30 deg, "
+                        "FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation 0.4), "
+                        "jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
+    "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "
+                 "(clients' post-training local models' validation accuracy weighted by training samples, gPerXAN's "
+                 "code) or auto (the method's own: local-val for gperxan, else val-mean)",
     "eval_batch_size": "batch size for evaluation",
     "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
                     "block ahead, instead of keeping them in (device) memory",

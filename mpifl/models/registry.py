@@ -18,7 +18,7 @@ from torch import nn
 
 from mpifl.errors import MpiflError
 from mpifl.models.alexnet import build_alexnet, build_alexnet_dropout
-from mpifl.models.digitmodel import build_digitmodel
+from mpifl.models.digitmodel import build_digitmodel, build_fedwon_cnn
 from mpifl.models.lenet import build_lenet
 from mpifl.models.resnet_cifar import build_resnet20
 from mpifl.models.smallcnn import build_smallcnn
@@ -44,6 +44,10 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "digitmodel": (
         build_digitmodel,
         "FedBN's Digits CNN, conv 64-64-128 5x5 + fc 6272-2048-512, 28x28 only",
+    ),
+    "fedwon-cnn": (
+        build_fedwon_cnn,
+        "FedWon's six-layer CNN (Table 5): digitmodel with Dropout instead of norms between its FCs, 28x28 only",
     ),
     "smallcnn": (
         build_smallcnn,

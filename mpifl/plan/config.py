@@ -21,6 +21,10 @@ from ..errors import MpiflError
 from ..client.transforms import TRANSFORMS, parse
 
 
+#: ``--select-by``: the rule choosing a run's best round (mpifl.server.run_log.summary_rows); auto = the method's
+SELECT_BY = ("auto", "val-mean", "local-val")
+
+
 @dataclass(frozen=True)
 class Option:
     """A method-specific option, turned into a CLI flag and a config key."""
@@ -60,6 +64,7 @@ class RunConfig:
     train_transforms: str = "none"
     seed: int = 0
     eval_every: int = 1
+    select_by: str = "auto"  # best-round rule (SELECT_BY)
     eval_batch_size: int = 512
     stream_above: float = 2.0
     out: str | None = None
@@ -165,6 +170,7 @@ def check(cfg: RunConfig) -> None:
         (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
         (0 < cfg.fraction <= 1, "--fraction must be in (0, 1]"),
         (cfg.eval_every >= 1, "--eval-every must be >= 1"),
+        (cfg.select_by in SELECT_BY, f"--select-by must be one of {', '.join(SELECT_BY)}"),
         (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
         (cfg.ckpt_every >= 0, "--ckpt-every must be >= 0 (0 = only when stopped by a signal)"),
         (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),

@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
-from mpifl.server.run_log import summary_rows
+from mpifl.server.run_log import selection_of, summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "ckpt_every",
@@ -88,7 +88,8 @@ class Run:
         last evaluation and at the round of best mean validation accuracy (:func:`mpifl.server.run_log.summary_rows`,
         the rule of ``summary.csv``); ``domain`` ``mean`` is the mean over source domains."""
         out: dict[str, dict[str, dict]] = {}
-        for row in summary_rows(self.records, self.kinds, self.source_domains, self.holdout):
+        for row in summary_rows(self.records, self.kinds, self.source_domains, self.holdout,
+                                selection_of(self.config)):
             domain = row["domain"].removesuffix(" (held out)")
             out.setdefault(row["model"], {})[domain] = {
                 "last": row["last_test_acc"], "best": row["best_test_acc"],

@@ -3,8 +3,8 @@ paper's numbers beside ours when the runs come from a preset (``--preset``, :mod
 
 For each configuration (:func:`mpifl.report.runs.group_runs`) and model kind
 (global / personal), per domain: test accuracy (%) at the last evaluated
-round and at the round of best mean validation accuracy (the rule of
-``summary.csv``: :func:`mpifl.server.run_log.summary_rows`), as mean ± sample
+round and at the best-validation round of the run's ``--select-by`` rule
+(as ``summary.csv``: :func:`mpifl.server.run_log.summary_rows`), as mean ± sample
 standard deviation (n - 1) over the seeds.  With a preset, the paper's
 number for the same method (:meth:`mpifl.presets.Preset.result_for`), its
 standard deviation when the paper gives one, and ours minus the paper's at
@@ -254,7 +254,8 @@ def markdown(tables: list[GroupTable], base: Path | None = None, left_out: list[
     incomplete runs not counted, named first."""
     lines = ["# mpifl report", "",
              "Test accuracy (%), mean ± sample std (n - 1) over the seeds of each configuration; "
-             "'best val' = the round of best mean validation accuracy (as summary.csv).", ""]
+             "'best val' = the best round of each run's --select-by rule (as summary.csv: mean validation "
+             "accuracy, or for gPerXAN its clients' post-training local validation accuracy).", ""]
     if left_out:
         lines += ["Left out, incomplete (killed, stopped or still running; --include-incomplete counts them): "
                   + ", ".join(run.label(base) for run in left_out), ""]
@@ -294,7 +295,7 @@ def _comparisons(tables: list[GroupTable]) -> list[str]:
     for name, preset in presets.items():
         compared = [t for t in tables if t.preset and t.preset.name == name and t.paper]
         domains = list(dict.fromkeys(d for t in compared for d in t.paper.acc if d != "mean")) + ["mean"]
-        when = "the round of best mean validation accuracy" if preset.selection == "best" else "the last round"
+        when = "the best-validation round (--select-by)" if preset.selection == "best" else "the last round"
         lines += [f"## {preset.title} — ours beside the paper", "",
                   f"{preset.citation}; ours at {when}, mean over seeds; difference = ours − paper "
                   "(percentage points).", "",

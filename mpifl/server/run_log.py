@@ -3,7 +3,7 @@
 One JSON line per round::
 
     {"round": 3, "clients": [0, 2, 4],
-     "train": {"loss": .., "acc": ..},
+     "train": {"loss": .., "acc": .., "local_val_acc": ..},
      "bytes": {"down": .., "up": .., "wire_down": .., "wire_up": ..},
      "seconds": {"round": .., "compute": .., "evaluation": .., "communication": .., "waiting": ..,
                  "aggregation": ..},
@@ -17,7 +17,10 @@ evaluation; ``communication`` rank 0's time inside the two collectives
 (clients not done yet); ``aggregation`` the server rule.  The evaluation
 done in round r+1's message scores round r's model (see server.py).
 
-``eval`` appears on evaluation rounds.  Accuracies are fractions in [0, 1];
+``train.local_val_acc`` (only under ``--select-by local-val``) is the
+validation accuracy of the round's post-training local models, weighted by
+the clients' training samples (:func:`local_val_acc`).  ``eval`` appears on
+evaluation rounds.  Accuracies are fractions in [0, 1];
 a domain pools its clients' counts; ``mean`` is the unweighted mean over
 domains, as the papers' tables report.  ``bytes.down``/``up`` count the
 method's tensors per participating client (the ``--show-manifest`` figure
@@ -33,7 +36,28 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MpiflError
 from ..transport.messages import EVAL_SPLITS
+
+
+def local_val_acc(meta: np.ndarray) -> float:
+    """``sum_i n_i acc_i / sum_i n_i`` over the round's clients with a val split, ``acc_i`` the validation
+    accuracy of client i's model right after local training, ``n_i`` its training samples (gPerXAN's code
+    weights the clients' reported accuracies by the sample counts they train on)."""
+    has = meta["val_seen"] > 0
+    if not has.any():
+        return float("nan")
+    weights = meta["num_samples"][has]
+    return float(np.sum(weights * meta["val_correct"][has] / meta["val_seen"][has]) / weights.sum())
+
+
+def selection_of(config: dict) -> str:
+    """The best-round rule a run's ``config.json`` used (``select_by``; ``auto``: its method's own)."""
+    rule = config.get("select_by", "val-mean")
+    if rule == "auto":
+        from ..algorithms import get_algorithm
+        rule = get_algorithm(config["algo"]).selects_by
+    return rule
 
 
 def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of: dict[int, str],
@@ -65,12 +89,14 @@ def _score(total) -> dict:
 class MetricsLog:
     """Appends round records in order and writes the summaries at the end."""
 
-    def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None):
+    def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
+                 selection: str = "val-mean"):
         self.path = run_dir / "metrics.jsonl"
         self.run_dir = run_dir
         self.kinds = kinds
         self.domains = domains  # source domains
         self.holdout = holdout
+        self.selection = selection  # the best-round rule (summary_rows)
         self.records: list[dict] = []
         self._pending: dict | None = None  # a round waiting for its evaluation
 
@@ -120,7 +146,7 @@ class MetricsLog:
         return None
 
     def write_summary(self) -> list[dict]:
-        rows = summary_rows(self.records, self.kinds, self.domains, self.holdout)
+        rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection)
         with (self.run_dir / "summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
@@ -130,19 +156,27 @@ class MetricsLog:
 
 
 def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str],
-                 holdout: str | None = None) -> list[dict]:
+                 holdout: str | None = None, selection: str = "val-mean") -> list[dict]:
     """Test accuracy per source domain, their mean, and the held-out domain if any,
-    at the last round and at the best-validation round.
+    at the last round and at the best-validation round (column ``selection``: the rule).
 
-    The best round maximises the mean validation accuracy of that model kind
-    over the source domains (the earliest on ties), the model-selection rule
-    of the papers (gPerXAN: mean source-client validation accuracy).
+    The best round, among the evaluated ones and the earliest on ties, maximises
+    under ``val-mean`` the mean validation accuracy of that model kind over the
+    source domains; under ``local-val`` the round's ``train.local_val_acc``
+    (the clients' post-training local models, gPerXAN's code), one round for
+    every model kind.
     """
     evaluated = [r for r in records if "eval" in r]
+    if selection == "local-val" and any("local_val_acc" not in r["train"] for r in evaluated):
+        raise MpiflError("these metrics have no train.local_val_acc for the best round under --select-by local-val; "
+                         "run again with --select-by local-val, or use val-mean")
     rows = []
     for kind in kinds:
         last = evaluated[-1]
-        best = max(evaluated, key=lambda r: (r["eval"][kind]["val"]["mean"]["acc"], -r["round"]))
+        if selection == "local-val":
+            best = max(evaluated, key=lambda r: (r["train"]["local_val_acc"], -r["round"]))
+        else:
+            best = max(evaluated, key=lambda r: (r["eval"][kind]["val"]["mean"]["acc"], -r["round"]))
         targets = [holdout] if holdout and holdout in last["eval"][kind]["test"]["domains"] else []
         for domain in domains + ["mean"] + targets:
             def acc(record):
@@ -150,7 +184,7 @@ def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str]
                 return test["mean"]["acc"] if domain == "mean" else test["domains"][domain]["acc"]
             rows.append({"model": kind, "domain": domain + (" (held out)" if domain in targets else ""),
                          "last_round": last["round"], "last_test_acc": acc(last),
-                         "best_round": best["round"], "best_test_acc": acc(best)})
+                         "best_round": best["round"], "best_test_acc": acc(best), "selection": selection})
     return rows
 
 
@@ -159,7 +193,8 @@ def summary_markdown(rows: list[dict]) -> str:
     for kind in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == kind]
         lines += [f"### {kind} model: test accuracy (%)", "",
-                  f"| domain | last (round {mine[0]['last_round']}) | best val (round {mine[0]['best_round']}) |",
+                  f"| domain | last (round {mine[0]['last_round']}) | best val (round {mine[0]['best_round']}, "
+                  f"{mine[0]['selection']}) |",
                   "| --- | ---: | ---: |"]
         lines += [f"| {r['domain']} | {100 * r['last_test_acc']:.2f} | {100 * r['best_test_acc']:.2f} |" for r in mine]
         lines.append("")

@@ -42,7 +42,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
             log_file.write(line + "\n")
         log_file.flush()  # a job killed later still leaves who ran where
         progress = Progress(cfg.rounds)
-        metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout)
+        metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout,
+                             session.algo.selection)
         if resumed:
             metrics.resume(resumed.round, resumed.pending,
                            evaluated=RoundProtocol(session).evaluates_round(resumed.round))

@@ -30,6 +30,7 @@ from ..plan.session import Session
 from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
+from .run_log import local_val_acc
 from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, records, saved_file
 from .run_log import MetricsLog, summarize_eval
 
@@ -128,10 +129,13 @@ class Server:
         seen = meta["seen"].sum()
         slowest = {name: float(seconds[field].max()) if len(seconds) else 0.0
                    for name, field in (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"))}
+        train = {"loss": float(meta["loss_sum"].sum() / seen), "acc": float(meta["correct"].sum() / seen)}
+        if self.algo.selection == "local-val":
+            train["local_val_acc"] = local_val_acc(meta)
         return {
             "round": r,
             "clients": uploads.clients.tolist(),
-            "train": {"loss": float(meta["loss_sum"].sum() / seen), "acc": float(meta["correct"].sum() / seen)},
+            "train": train,
             "bytes": {"down": messages.policy_down_bytes * k, "up": messages.policy_up_bytes * k,
                       "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(plan.upload_bytes))},
             "seconds": {**server_seconds, **slowest},

@@ -35,7 +35,9 @@ SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of
 NO_EVAL = -1
 EVAL_SPLITS = ("val", "test")
 # Records of named float64 fields, travelling as plain float64 vectors:
-CLIENT_META = np.dtype([(f, np.float64) for f in ("num_samples", "num_steps", "loss_sum", "correct", "seen")])
+# val_correct/val_seen: the post-training local model on the client's val split (--select-by local-val; else 0)
+CLIENT_META = np.dtype([(f, np.float64) for f in ("num_samples", "num_steps", "loss_sum", "correct", "seen",
+                                                  "val_correct", "val_seen")])
 RANK_SECONDS = np.dtype([(f, np.float64) for f in ("train", "evaluate", "data")])  # data: batches, within train
 
 _HEADER = [TensorSpec("round.command", (), torch.int64), TensorSpec("round.index", (), torch.int64),

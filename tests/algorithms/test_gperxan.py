@@ -1,10 +1,14 @@
 """gPerXAN: BN sides personal, guiding regularizer through the frozen global classifier."""
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
-from mpifl.algorithms import Uploads
+from mpifl.algorithms import Uploads, get_algorithm
+from mpifl.errors import MpiflError
+from mpifl.models import PerXAN, build_model, state_entries
+from mpifl.plan.config import RunConfig
 
 from .helpers import client_meta, make_algo
 
@@ -67,3 +71,46 @@ def test_guiding_term_is_lambda_ce_of_the_frozen_global_head_and_trains_only_the
     extra.backward()
     assert model.classifier.weight.grad is None and algo._global_head.weight.grad is None
     assert model.conv1.weight.grad is not None and model.conv1.weight.grad.abs().sum() > 0
+
+
+def _adapted(blocks=None, model="smallcnn", image_size=(28, 28)):
+    """(algorithm, model) with ``--perxan-blocks blocks`` (None: the default), the model adapted as the
+    session does."""
+    cls = get_algorithm("gperxan")
+    options = {o.name: o.default for o in cls.options}
+    if blocks is not None:
+        options["perxan_blocks"] = blocks
+    cfg = RunConfig(algo="gperxan", algo_options=options)
+    net = cls.adapt_model(build_model(model, num_classes=10, image_size=image_size, norm=cls.norm), cfg)
+    return cls(cfg, state_entries(net)), net
+
+
+def test_perxan_blocks_default_is_every_bn_layer_as_the_authors_code():
+    _, net = _adapted()
+    assert all(isinstance(getattr(net, f"norm{i}"), PerXAN) for i in (1, 2, 3))
+
+
+def test_perxan_blocks_keeps_perxan_in_the_first_stages_and_shares_the_later_plain_bn():
+    algo, net = _adapted("2")  # SmallCNN's stages end at norm1, norm2, norm3
+    assert isinstance(net.norm1, PerXAN) and isinstance(net.norm2, PerXAN)
+    assert type(net.norm3) is torch.nn.BatchNorm2d
+    policy = algo.policy()
+    sent = {s.name for s in policy.download}
+    assert {"norm3.weight", "norm3.bias", "norm3.running_mean", "norm3.running_var"} <= sent
+    assert "norm3.num_batches_tracked" not in sent
+    assert {s.name for s in policy.private} == {
+        f"norm{i}.{k}" for i in (1, 2)
+        for k in ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "bn_score")
+    } | {"norm3.num_batches_tracked"}
+
+
+def test_perxan_blocks_on_densenet_is_the_first_dense_block_with_its_transition():
+    _, net = _adapted("1", model="densenet121", image_size=(64, 64))
+    assert isinstance(net.features.norm0, PerXAN) and isinstance(net.features.transition1.norm, PerXAN)
+    assert type(net.features.denseblock2.denselayer1.norm1) is torch.nn.BatchNorm2d
+
+
+@pytest.mark.parametrize("blocks", ["0", "4", "two"])
+def test_perxan_blocks_out_of_range_is_a_one_line_error(blocks):
+    with pytest.raises(MpiflError, match="--perxan-blocks must be all or a number of stages from 1 to 3"):
+        _adapted(blocks)

@@ -61,3 +61,16 @@ def test_streamed_evaluation_equals_resident_including_a_held_out_domain(data_ro
     assert torch.equal(xr, xs) and torch.equal(yr, ys)
     chunks = list(streamed.pixel_chunks("test"))
     assert sum(len(c) for c in chunks) == 1100
+
+
+def test_pretrained_inputs_use_imagenet_mean_and_std_else_the_datasets(data_root):
+    manifest = ensure_dataset(data_root, "styledigits")
+    clients = [c for c in make_clients(manifest, 1, seed=0) if c.domain == "street"]
+    for pretrained, mean, std in ((True, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+                                  (False, manifest.normalize["mean"], manifest.normalize["std"])):
+        data = client_data.load_client_data(data_root, manifest, clients, torch.device("cpu"),
+                                            pretrained=pretrained)[clients[0].id]
+        x, _ = next(data.eval_batches("val", 4))
+        pixels = data.images["val"].pixels[:4].double() / 255
+        expected = (pixels - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+        assert torch.allclose(x.double(), expected, atol=1e-5)

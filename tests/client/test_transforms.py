@@ -1,10 +1,10 @@
-"""--train-transforms: batched flip, crop and jitter agree with their per-image definitions."""
+"""--train-transforms: batched flip, rotate, crop, jitter and jitter-hue agree with their per-image definitions."""
 
 import numpy as np
 import pytest
 import torch
 
-from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, parse
+from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, parse, rotate
 
 
 def _batch(n=6, c=3, size=16):
@@ -47,5 +47,42 @@ def test_same_seed_same_batch_and_none_is_identity():
     both = TrainTransforms(parse("flip,crop,jitter"))
     assert torch.equal(both(x, np.random.default_rng(9)), both(x, np.random.default_rng(9)))
     assert not TrainTransforms(parse("none"))
-    with pytest.raises(ValueError, match="unknown transform rotate"):
-        TrainTransforms(("rotate",))
+    with pytest.raises(ValueError, match="unknown transform shear"):
+        TrainTransforms(("shear",))
+
+
+class Draws:
+    """A stand-in generator returning given arrays in order and recording the ranges asked for."""
+
+    def __init__(self, *arrays):
+        self.arrays, self.asked = list(arrays), []
+
+    def random(self, size):
+        self.asked.append(("random", size))
+        return np.asarray(self.arrays.pop(0), dtype=float)
+
+    def uniform(self, low, high, size):
+        self.asked.append((low, high))
+        return np.asarray(self.arrays.pop(0), dtype=float)
+
+
+def test_rotate_turns_counter_clockwise_by_the_drawn_angle_within_30_degrees():
+    x = torch.arange(1.0, 10.0).reshape(1, 1, 3, 3)  # [[1 2 3] [4 5 6] [7 8 9]]
+    draws = Draws([90.0])
+    out = rotate(x, draws)
+    assert draws.asked == [(-30.0, 30.0)]
+    assert out[0, 0].tolist() == [[3, 6, 9], [2, 5, 8], [1, 4, 7]]
+    assert torch.equal(rotate(x, Draws([0.0])), x)
+    seeded = TrainTransforms(("rotate",))
+    assert torch.equal(seeded(_batch(), np.random.default_rng(2)), seeded(_batch(), np.random.default_rng(2)))
+
+
+def test_jitter_hue_is_gperxans_colour_jitter_on_half_the_images():
+    red = torch.tensor([255.0, 0, 0])[None, :, None, None].expand(3, 3, 2, 2).clone()
+    red[2] = 100.0  # a gray image: only brightness changes it
+    draws = Draws([0.1, 0.9, 0.2], [[1, 1, 1.2], [1, 1, 1], [1, 1, 1]], [1 / 3, 1 / 3, 0.1])
+    out = jitter_hue(red, draws)
+    assert draws.asked == [("random", 3), (0.8, 1.2), (-0.2, 0.2)]
+    assert torch.allclose(out[0, :, 0, 0], torch.tensor([0.0, 255, 0]), atol=1e-3)  # hue + 1/3 turn: green
+    assert torch.equal(out[1], red[1])  # draw 0.9 >= 0.5: left alone
+    assert torch.allclose(out[2], torch.full((3, 2, 2), 120.0))

@@ -122,7 +122,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
     per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
-    header, meta, report = 3 * 8, 5 * 8, 3 * 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
+    header, meta, report = 3 * 8, 7 * 8, 3 * 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
     eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
     for record in read_metrics(run):
         k = len(record["clients"])
@@ -131,6 +131,17 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
         assert k == 5
         evaluated = 10 if record["round"] > 1 else 0  # round r's message carries round r-1's evaluation
         assert record["bytes"]["wire_up"] == report + k * padded(per_client[1] + meta) + evaluated * eval_block
+
+
+def test_gperxan_selects_the_best_round_by_its_clients_post_training_validation(data_root, tmp_path):
+    run = tmp_path / "g"
+    job = run_here(*_args(data_root, run, "--algo", "gperxan", "--rounds", "2", "--samples-per-client", "64"))
+    assert job.returncode == 0, job.stderr
+    local = [r["train"]["local_val_acc"] for r in read_metrics(run)]
+    assert len(local) == 2 and all(0 <= a <= 1 for a in local)
+    rows = list(csv.DictReader((run / "summary.csv").open()))
+    assert {r["selection"] for r in rows} == {"local-val"}
+    assert {int(r["best_round"]) for r in rows} == {1 + int(local[1] > local[0])}
 
 
 def padded(nbytes: int) -> int:

@@ -145,3 +145,22 @@ def test_conv_kinds_fedwon_and_fednn(conv, cls):
     x = torch.randn(4, 3, 28, 28)
     model(x).logsumexp(1).sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_fedwon_cnn_is_table_5_dropout_before_fc1_fc2_and_no_fc_norms():
+    bn = build_model("fedwon-cnn", num_classes=10, norm="bn")
+    assert [k for k in bn.state_dict() if k.startswith(("bn4", "bn5"))] == []
+    assert [k for k in bn.state_dict() if k.startswith("bn")] == [
+        f"bn{i}.{a}" for i in (1, 2, 3) for a in ("weight", "bias", "running_mean", "running_var",
+                                                  "num_batches_tracked")]
+    assert type(bn.drop1) is torch.nn.Dropout and type(bn.drop2) is torch.nn.Dropout
+    assert bn.drop1.p == 0.5 and bn.drop2.p == 0.5
+    fedwon = build_model("fedwon-cnn", num_classes=10, norm="none", conv="ws")
+    assert {k.split(".")[0] for k in fedwon.state_dict()} == {"conv1", "conv2", "conv3", "fc1", "fc2", "fc3"}
+    assert "conv1.gain" in fedwon.state_dict()
+    seen = {}
+    for name in ("drop1", "drop2"):
+        getattr(bn, name).register_forward_hook(lambda m, inp, out, name=name: seen.update({name: inp[0].shape[1]}))
+    bn.train()(torch.randn(2, 3, 28, 28))
+    assert seen == {"drop1": 6272, "drop2": 2048}  # the inputs of fc1 and fc2
+    assert type(build_model("digitmodel", num_classes=10).drop1) is torch.nn.Identity

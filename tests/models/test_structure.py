@@ -9,7 +9,7 @@ from mpifl.models import MODEL_NAMES, build_model, state_entries
 from mpifl.models.structure import blocks, last_blocks
 from mpifl.plan.config import RunConfig
 
-SIZE = {"lenet": (32, 32), "digitmodel": (28, 28)}
+SIZE = {"lenet": (32, 32), "digitmodel": (28, 28), "fedwon-cnn": (28, 28)}
 
 
 def _build(name, norm="bn"):

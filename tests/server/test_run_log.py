@@ -3,7 +3,11 @@ import json
 
 import numpy as np
 
-from mpifl.server.run_log import MetricsLog, fold_summary, summarize_eval, summary_rows
+import pytest
+
+from mpifl.errors import MpiflError
+from mpifl.server.run_log import MetricsLog, fold_summary, local_val_acc, selection_of, summarize_eval, summary_rows
+from mpifl.transport.messages import CLIENT_META
 
 
 def _raw(correct_by_client):
@@ -34,6 +38,32 @@ def test_summary_picks_best_validation_round_earliest_on_ties_and_reports_held_o
     assert by_domain["a"]["best_round"] == 2 and by_domain["a"]["best_test_acc"] == 0.4
     assert by_domain["a"]["last_round"] == 5 and by_domain["a"]["last_test_acc"] == 0.8
     assert by_domain["b (held out)"]["best_test_acc"] == 0.5
+
+
+def test_local_val_acc_weights_clients_post_training_accuracy_by_training_samples():
+    meta = np.zeros(3, dtype=CLIENT_META)
+    meta["num_samples"] = [10, 30, 50]
+    meta["val_correct"], meta["val_seen"] = [1, 0, 0], [1, 10, 0]  # acc 1.0 and 0.0; the third has no val split
+    assert local_val_acc(meta) == 0.25  # (10 * 1 + 30 * 0) / 40; weighting by val counts would give 1/11
+
+
+def test_local_val_selection_takes_the_round_of_best_post_training_local_accuracy():
+    records = [_record(1, 0.9, 0.1), _record(2, 0.1, 0.4), _record(3, 0.2, 0.7), _record(4, 0.3, 0.8)]
+    for r, local in zip(records, (0.5, 0.8, 0.8, 0.6)):
+        r["train"] = {"local_val_acc": local}
+    rows = summary_rows(records, ("global",), ["a"], selection="local-val")
+    assert rows[0]["best_round"] == 2 and rows[0]["best_test_acc"] == 0.4 and rows[0]["selection"] == "local-val"
+    assert summary_rows(records, ("global",), ["a"])[0]["best_round"] == 1  # val-mean: the evaluated model's
+    del records[0]["train"]["local_val_acc"]
+    with pytest.raises(MpiflError, match="no train.local_val_acc"):
+        summary_rows(records, ("global",), ["a"], selection="local-val")
+
+
+def test_selection_of_a_run_resolves_auto_to_its_methods_rule():
+    assert selection_of({"algo": "gperxan", "select_by": "auto"}) == "local-val"
+    assert selection_of({"algo": "fedavg", "select_by": "auto"}) == "val-mean"
+    assert selection_of({"algo": "gperxan", "select_by": "val-mean"}) == "val-mean"
+    assert selection_of({"algo": "gperxan"}) == "val-mean"  # a run from before --select-by
 
 
 def test_log_holds_a_round_until_its_evaluation_and_writes_summaries(tmp_path):
