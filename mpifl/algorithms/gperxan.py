@@ -36,7 +36,7 @@ clients also upload their BN sides (running statistics and affine, not the
 step counter); the server averages them and sends the average down under
 ``gperxan.global_bn/<key>``, used *only* to assemble the global model that
 evaluates the held-out domain (and the source domains' "global" rows);
-training clients never load it.
+training clients never load it (:class:`~mpifl.algorithms.held_out.HeldOutAverage`).
 
 **Model selection (``--select-by``).**  The paper picks "the best validation
 model selected based on the average of accuracies on validation sets of
@@ -60,20 +60,17 @@ from __future__ import annotations
 import copy
 
 import torch.nn.functional as F
-
 from torch import nn
 
 from ..errors import MpiflError
 from ..models.perxan import PerXAN
 from ..models.surgery import stage_outputs
 from ..plan.config import Option
-from ..transport.wire import TensorSpec
 from .fedavg import FedAvg
+from .held_out import HeldOutAverage
 
-_UP, _DOWN = "gperxan.bn/", "gperxan.global_bn/"
 
-
-class GPerXAN(FedAvg):
+class GPerXAN(HeldOutAverage, FedAvg):
     name = "gperxan"
     summary = "gPerXAN: PerXAN layers with personal BN sides + guiding regularizer through the global classifier"
     norm = "perxan"
@@ -106,35 +103,14 @@ class GPerXAN(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        self.held_out = cfg.holdout is not None
-        self.evaluates = ("global", "personal") if self.held_out else ("personal",)
-        averaged = [e for e in entries if e.is_perxan_bn_side and e.attr != "num_batches_tracked"]
-        self._bn_specs = [TensorSpec(e.key, e.shape, e.dtype) for e in averaged] if self.held_out else []
+        self.evaluates = ("global", "personal") if cfg.holdout is not None else ("personal",)
 
     def shares(self, entry):
         return not entry.is_perxan_bn_side and entry.attr != "num_batches_tracked"
 
-    def extra_upload(self):
-        return [TensorSpec(_UP + s.name, s.shape, s.dtype) for s in self._bn_specs]
-
-    def extra_download(self):
-        return [TensorSpec(_DOWN + s.name, s.shape, s.dtype) for s in self._bn_specs]
-
-    # ------------------------------------------------------------------ server
-    def init_server(self, initial):
-        server = super().init_server(initial)
-        server.extra = {_DOWN + s.name: initial[s.name].clone() for s in self._bn_specs}
-        return server
-
-    def download(self, server):
-        return {**server.model, **server.extra}
-
-    def aggregate(self, server, uploads):
-        super().aggregate(server, uploads)
-        weights = self.client_weights(uploads)
-        for spec in self._bn_specs:
-            server.extra[_DOWN + spec.name] = self.combine(spec.name, uploads.tensors[_UP + spec.name],
-                                                           weights).to(spec.dtype)
+    def averaged_for_held_out(self, entry):
+        """The BN sides (affine and running statistics, not the step counter)."""
+        return entry.is_perxan_bn_side and entry.attr != "num_batches_tracked"
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
@@ -142,11 +118,3 @@ class GPerXAN(FedAvg):
 
     def extra_loss(self, client, model, features, logits, labels):
         return self.cfg.opt("guide_lambda") * F.cross_entropy(self._global_head(features), labels)
-
-    def end_local(self, client, model):
-        state = model.state_dict()
-        return {_UP + s.name: state[s.name] for s in self._bn_specs}
-
-    def global_private(self, client, download):
-        """The client's unshared entries with the BN sides replaced by the clients' average."""
-        return {**client.private, **{s.name: download[_DOWN + s.name] for s in self._bn_specs}}
