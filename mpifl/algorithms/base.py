@@ -31,7 +31,8 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   state).
 
 Private state (every model entry the method does not share, plus
-:meth:`extra_private` tensors) lives in :class:`ClientState` on the client's
+:meth:`extra_private` tensors, plus the optimizer state with
+``--keep-optimizer``, :mod:`mpifl.plan.optim`) lives in :class:`ClientState` on the client's
 host rank for the whole run and never crosses the wire.  State that must
 survive from one round to the next lives in tensors, ``ClientState.private``
 on the client side and ``ServerState.extra`` on the server, never in Python
@@ -50,6 +51,7 @@ from torch import nn
 
 from ..plan.clients import ClientSpec
 from ..plan.config import Option, RunConfig
+from ..plan.optim import build_optimizer, round_lr
 from ..models import StateEntry
 from ..transport.wire import TensorSpec
 
@@ -134,6 +136,7 @@ class Algorithm:
         self.cfg = cfg
         self.entries = entries
         self.phase = 0
+        self.lr = cfg.lr  # the local learning rate of the round entered (--lr-schedule)
         self._keys: dict[int, dict[str, list[str]]] = {}
         self.num_training_clients = 0  # N, set by bind_clients
 
@@ -162,8 +165,10 @@ class Algorithm:
         return 0
 
     def enter_round(self, round_index: int) -> None:
-        """Called by the runtime on every rank before round ``round_index``'s message."""
+        """Called by the runtime on every rank before round ``round_index``'s message: the method's stage and
+        the round's learning rate :attr:`lr` (:func:`~mpifl.plan.optim.round_lr`), then :meth:`begin_round`."""
         self.phase = self.phase_of(round_index)
+        self.lr = round_lr(self.cfg, round_index)
         self.begin_round(round_index)
 
     def begin_round(self, round_index: int) -> None:
@@ -286,10 +291,11 @@ class Algorithm:
         before every epoch.  Default: every parameter trains."""
         return True
 
-    def make_optimizer(self, model: nn.Module, round_index: int) -> torch.optim.Optimizer:
-        """Fresh local SGD each round: ``--lr``, ``--momentum``, ``--weight-decay``."""
-        return torch.optim.SGD(model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
-                               weight_decay=self.cfg.weight_decay)
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        """A fresh local optimizer at learning rate ``lr`` (the runtime passes the round's :attr:`lr`):
+        ``--optimizer`` with ``--momentum``, ``--weight-decay`` (:func:`~mpifl.plan.optim.build_optimizer`).
+        With ``--keep-optimizer`` the runtime loads the client's kept state into it, whatever it is."""
+        return build_optimizer(model.parameters(), self.cfg, lr)
 
     def begin_local(self, client: ClientState, model: nn.Module, download: dict[str, torch.Tensor]) -> None:
         """Called after the client model is rebuilt, before local training."""

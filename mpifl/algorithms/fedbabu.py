@@ -53,4 +53,4 @@ class FedBABU(FedAvg):
         epochs = self.cfg.opt("fedbabu_finetune_epochs")
         if epochs:
             head_only = self.cfg.opt("fedbabu_finetune") == "head"
-            fit(self.make_optimizer(model, 0), epochs, lambda entry, epoch: entry.is_head or not head_only)
+            fit(self.make_optimizer(model, self.cfg.lr), epochs, lambda entry, epoch: entry.is_head or not head_only)

@@ -33,7 +33,7 @@ Choices:
   (``gaoliang13/FedDC``, ``alpha_coef = 1e-2``); FedNN, whose appendix sets
   the baselines, follows the authors' implementations of FedDC and FedDyn
   (its section 4.6).
-* **eta K.**  eta = ``--lr``; K = the client's local steps per round,
+* **eta K.**  eta = the round's lr (``--lr`` after ``--lr-schedule``); K = the client's local steps per round,
   ``E ceil(n_i / B)`` as the runtime takes them (``deltas.local_steps``),
   known before training.  The paper takes one K for all clients (the
   authors' code: E ceil(mean n / B)).  With ``--momentum rho`` K becomes
@@ -182,7 +182,7 @@ class FedDC(FedAvg):
         self._drift = [client.private[DRIFT + k] for k in self.params]
         self._center = [w - h for w, h in zip(self._w, self._drift)]  # R pulls theta toward w - h_i
         steps = local_steps(client.spec.num_train, self.cfg.batch_size, self.cfg.local_epochs)
-        self._scale = 1.0 / (self.cfg.lr * float(solver_norm(steps, self.cfg.momentum))) if steps else 0.0
+        self._scale = 1.0 / (self.lr * float(solver_norm(steps, self.cfg.momentum))) if steps else 0.0
         if self.code:
             weight = self.weight(client.spec.num_train)
             self._alpha = self.cfg.opt("alpha") / weight

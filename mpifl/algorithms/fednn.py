@@ -20,7 +20,8 @@ selection logits and BN-side running statistics included.  The choices:
   r = 1..T: ``tau_r = tau0 * (T - r + 1.001) / T`` -- linear, from
   ``tau0 * (1 + 0.001/T)`` down to ``tau0 * 1.001 / T`` (never 0).
   :func:`fednn_tau` is that; ``--tau0`` (default 5, the paper's) and
-  ``--rounds`` fix it.  The runtime keeps one model per rank and tells the
+  T = ``--schedule-rounds`` (default ``--rounds``, stored so that a resume with
+  more rounds keeps it; tau_T beyond) fix it.  The runtime keeps one model per rank and tells the
   method the round in :meth:`begin_round`, so the temperature is put on the
   model in :meth:`begin_local`, before each client trains, and in
   :meth:`begin_eval` before an evaluation of round r's model (tau_r, the
@@ -52,12 +53,12 @@ selection logits and BN-side running statistics included.  The choices:
   ``fedprox`` ("FedProx+Ours"): FedProx's proximal gradient ``mu (w - w_t)``
   with FedProx's own ``--mu``, on every shared parameter.  ``--mu`` does
   nothing with the fedavg base.
-* **Learning rate and clipping** (section 4.5; authors' code):
-  lr of round r = ``--lr * --lr-decay^(r-1)`` (0.998 in the paper); the
-  gradient's global L2 norm clipped to ``--max-grad-norm`` (10 in the authors'
-  code; 0 = off) after the proximal term, before the SGD step (weight decay,
-  1e-3 in the code, is the step's own: ``--weight-decay``).  The rest of the
-  paper's setting is the run's: ``--lr 0.1 --local-epochs 5 --batch-size 50
+* **Learning rate and clipping** (section 4.5; authors' code): the authors'
+  shared training loop gives every method lr ``0.1 * 0.998^(r-1)`` and a
+  gradient-norm clip of 10 after the proximal term; here both are the run's,
+  for any method: ``--lr-schedule exp --lr-gamma 0.998 --max-grad-norm 10``
+  (the FedNN presets set them).  The rest of the paper's setting is the
+  run's too: ``--lr 0.1 --weight-decay 1e-3 --local-epochs 5 --batch-size 50
   --fraction 0.4 --rounds 200``.
 """
 
@@ -99,8 +100,6 @@ class FedNN(FedProx):
     options = FedProx.options + (
         Option("tau0", float, AGN_TAU0, "FedNN initial AGN temperature, decayed linearly to ~0 over the rounds"),
         Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies)"),
-        Option("lr_decay", float, 0.998, "FedNN learning-rate decay per round: lr * decay^(round-1)"),
-        Option("max_grad_norm", float, 10.0, "FedNN gradient L2-norm clipping threshold (0 = off)"),
         Option("agn_mix", str, "var", "FedNN AGN: mix BN/GN variances (var, authors' code) or standard "
                "deviations (std, paper eq. 10)"),
         Option("agn_eval", str, "gumbel", "FedNN AGN selection at evaluation: gumbel (noisy draw, authors' code) "
@@ -125,9 +124,7 @@ class FedNN(FedProx):
         super().__init__(cfg, entries)
         self.base = cfg.opt("fednn_base")
         problems = [(self.base in BASES, f"--fednn-base must be one of {', '.join(BASES)}, got {self.base!r}"),
-                    (cfg.opt("tau0") > 0, "--tau0 must be > 0"),
-                    (cfg.opt("lr_decay") > 0, "--lr-decay must be > 0"),
-                    (cfg.opt("max_grad_norm") >= 0, "--max-grad-norm must be >= 0 (0 = off)")]
+                    (cfg.opt("tau0") > 0, "--tau0 must be > 0")]
         for ok, message in problems:
             if not ok:
                 raise MpiflError(message)
@@ -136,7 +133,9 @@ class FedNN(FedProx):
         self.eval_round = 1
 
     def tau(self, round_index: int) -> float:
-        return fednn_tau(self.cfg.opt("tau0"), round_index, self.cfg.rounds)
+        """tau_r over the run's R = ``--schedule-rounds`` (by default ``--rounds``, kept by a resume); tau_R after."""
+        horizon = self.cfg.horizon
+        return fednn_tau(self.cfg.opt("tau0"), min(round_index, horizon), horizon)
 
     # ------------------------------------------------------------------ server
     def combine(self, key, values, weights):
@@ -160,10 +159,6 @@ class FedNN(FedProx):
             torch.manual_seed(personalization_seeds(self.cfg.seed, client.id, self.eval_round)[1])
         return super().global_private(client, download)
 
-    def make_optimizer(self, model, round_index):
-        return torch.optim.SGD(model.parameters(), lr=self.cfg.lr * self.cfg.opt("lr_decay") ** (round_index - 1),
-                               momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
-
     def begin_local(self, client, model, download):
         set_agn_tau(model, self.tau(self.round))
         if self.base == "fedprox":
@@ -172,5 +167,3 @@ class FedNN(FedProx):
     def after_backward(self, client, model):
         if self.base == "fedprox":
             super().after_backward(client, model)
-        if self.cfg.opt("max_grad_norm") > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.opt("max_grad_norm"))

@@ -12,9 +12,10 @@ Two stages:
 
 Wire: in round T+1 the frozen statistics go down one last time and are not
 sent back; every client adopts them as its own (``Algorithm.sends_back``),
-and from round T+2 on they are not sent at all.  Default T = half of
-``--rounds`` (the paper switches midway through training; it sets T from a
-schedule of its own).  With T >= rounds FixBN is FedAvg.  Evaluates the
+and from round T+2 on they are not sent at all.  Default T = half of the
+run's R (``--schedule-rounds``, by default ``--rounds``; stored in config.json,
+so a run resumed with more ``--rounds`` keeps its T).  The paper switches
+midway through training; it sets T from a schedule of its own.  With T >= rounds FixBN is FedAvg.  Evaluates the
 global model.
 """
 
@@ -28,12 +29,12 @@ class FixBN(FedAvg):
     name = "fixbn"
     summary = "FixBN: FedAvg, then BN statistics frozen at their global values and no longer sent"
     options = FedAvg.options + (Option("fixbn_stage_rounds", int, None,
-                                       "rounds of the first stage before BN statistics freeze (default rounds/2)"),)
+                                       "rounds of the first stage before BN statistics freeze (default --schedule-rounds/2)"),)
 
     @property
     def stage_rounds(self) -> int:
         value = self.cfg.opt("fixbn_stage_rounds")
-        return self.cfg.rounds // 2 if value is None else value
+        return self.cfg.horizon // 2 if value is None else value
 
     def phase_of(self, round_index):
         """0: exploration; 1: the round that delivers the frozen statistics; 2: calibration."""

@@ -10,7 +10,7 @@ Algorithm 1 of the paper, option II for the client control variate:
   and take their K local steps with the corrected gradient
   ``y <- y - eta (g_i(y) - c_i + c)``;
 * then (option II) ``c_i+ = c_i - c + (x - y_i) / (K eta)``, K the
-  client's own number of local steps this round, eta = ``--lr`` (with
+  client's own number of local steps this round, eta = the round's lr (with
   momentum, K becomes a_K, below); a client that took no step keeps c_i
   (Delta c_i = 0);
 * they upload y_i (the model entries: Delta y_i = y_i - x is formed on the
@@ -46,8 +46,8 @@ Choices:
   corrected gradient; dividing by ``K eta`` would inflate every variate up
   to 1/(1 - rho) times (10x at 0.9: on styledigits SCAFFOLD then fell below
   FedAvg within 4 rounds).  For rho = 0, a_K = K: the paper's rule.  eta is
-  ``--lr`` as the runtime's SGD uses it (a method-specific learning-rate
-  schedule would need its own a_K eta).
+  the round's learning rate as the runtime's SGD uses it (``--lr`` after
+  ``--lr-schedule``: ``Algorithm.lr``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Scaffold(FedAvg):
     @torch.no_grad()
     def end_local(self, client, model):
         out = {}
-        moved_per_gradient = float(solver_norm(self._steps, self.cfg.momentum)) * self.cfg.lr  # K eta for SGD
+        moved_per_gradient = float(solver_norm(self._steps, self.cfg.momentum)) * self.lr  # K eta for SGD
         for key, y, x, c in zip(self.params, self._params, self._x, self._c):
             if self._steps:
                 delta = (x - y) / moved_per_gradient - c  # c_i+ - c_i, option II

@@ -15,6 +15,7 @@ from torch import nn
 from ..algorithms import Algorithm, ClientState
 from ..models import StateEntry
 from ..plan.config import RunConfig
+from ..plan.optim import keep_state, restore_state
 from ..plan.seeding import client_rng, client_torch_seed
 from .client_data import ClientData
 from ..errors import MpiflError
@@ -37,7 +38,10 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
     """E epochs of mini-batch SGD on the client's train split.
 
     Loss = the algorithm's batch loss (CE plus the method's terms), with
-    the algorithm's gradient corrections between backward and step.  Before
+    the algorithm's gradient corrections between backward and step, then,
+    with ``--max-grad-norm c > 0``, the clip of every method (FedNN's
+    authors' code): g <- g min(1, c / (||g||_2 + 1e-6)), ||g||_2 over all
+    parameters (``torch.nn.utils.clip_grad_norm_``).  Before
     each epoch, the parameters that ``trainable(entry, epoch)`` (default: the
     method's :meth:`Algorithm.trainable`) freezes stop taking gradients.  A
     non-finite loss stops the run: checked once per epoch (one device sync).
@@ -46,6 +50,7 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
     trainable = trainable or algo.trainable
     entries = {e.key: e for e in algo.entries}
     parameters = list(model.named_parameters())
+    clip = algo.cfg.max_grad_norm
     stats = TrainStats(0, 0.0, 0, 0)
     for epoch in range(epochs):
         for key, parameter in parameters:
@@ -59,6 +64,8 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
                 loss, logits = algo.batch_loss(client, model, precision.inputs(x), y)
             precision.backward(loss, optimizer)
             algo.after_backward(client, model)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             precision.step(optimizer)
             loss_sum += loss.detach().double() * len(y)
             correct += (logits.detach().argmax(1) == y).sum()
@@ -103,12 +110,18 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
                  precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
     and local training, seeded by (seed, client, round); then the client keeps its private entries and the
-    round's upload is returned (the method's model entries and extra tensors; views of ``slots``)."""
+    round's upload is returned (the method's model entries and extra tensors; views of ``slots``).  The
+    optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
+    client's kept state and leaves its own there (:mod:`mpifl.plan.optim`)."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
     algo.begin_local(client, model, download)
-    optimizer = algo.make_optimizer(model, round_index)
+    optimizer = algo.make_optimizer(model, algo.lr)
+    if cfg.keep_optimizer:
+        restore_state(optimizer, model, client.private)
     stats = train_local(model, algo, client, data, optimizer, algo.local_epochs(), cfg.batch_size,
                         client_rng(cfg.seed, client.id, round_index), round_index, precision)
+    if cfg.keep_optimizer:
+        keep_state(optimizer, model, client.private)
     copy_all([client.private[k] for k in algo.private_keys], [slots[k] for k in algo.private_keys])
     upload = {k: slots[k] for k in algo.uploaded_keys}
     upload.update(algo.end_local(client, model))

@@ -44,7 +44,7 @@ from ..errors import MpiflError
 FORMAT = 2  # 2: meta.json records every file's size and sha256
 DIRNAME = "checkpoint"
 IDENTITY = ("algo", "data", "model", "seed", "clients_per_domain", "num_clients", "dirichlet", "samples_per_client",
-            "percent", "holdout")  # what makes a checkpoint belong to a run
+            "percent", "holdout", "schedule_rounds")  # what makes a checkpoint belong to a run
 SERVER_FILE = "server.pt"
 
 

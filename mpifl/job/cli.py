@@ -40,9 +40,24 @@ _HELP = {
     "rounds": "communication rounds",
     "local_epochs": "local epochs per round (E)",
     "batch_size": "local mini-batch size (B)",
-    "lr": "local SGD learning rate",
-    "momentum": "local SGD momentum (optimizer state is fresh each round)",
-    "weight_decay": "local SGD weight decay",
+    "lr": "local learning rate (of round 1, before --lr-schedule)",
+    "momentum": "local SGD momentum (--optimizer sgd; the buffers are fresh each round unless --keep-optimizer)",
+    "weight_decay": "local weight decay (an L2 term in the gradient)",
+    "optimizer": "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation setting: --lr 1e-3 "
+                 "--weight-decay 1e-4)",
+    "lr_schedule": "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp (lr gamma^(r-1); "
+                   "FedNN: gamma 0.998), step (lr gamma^floor((r-1)/--lr-step)), or cosine (lr_min + (lr - lr_min)"
+                   "(1 + cos(pi r/R))/2, gPerXAN's code: round R trains at --lr-min, later rounds too)",
+    "lr_gamma": "decay factor of --lr-schedule exp and step",
+    "lr_step": "rounds between two decays of --lr-schedule step",
+    "lr_min": "learning rate --lr-schedule cosine reaches in round R",
+    "schedule_rounds": "R, the rounds that schedules over the run span (--lr-schedule cosine, FixBN's default "
+                       "switch, FedNN's temperature); 0 = --rounds. Stored in config.json: a run resumed with more "
+                       "--rounds keeps them",
+    "max_grad_norm": "clip every local step's gradient to this L2 norm over all parameters, after the method's "
+                     "corrections (FedNN's code: 10, for every method); 0 = off",
+    "keep_optimizer": "keep each client's optimizer state (SGD momentum, Adam moments) from one of its rounds to "
+                      "its next, as private state: checkpointed, never sent (default: a fresh optimizer each round)",
     "clients_per_domain": "clients per domain (K): 1 = cross-silo; K > 1 splits each domain into K clients",
     "num_clients": "total clients N dealt over the domains in turn (FedWon's sweep; label skew with --dirichlet); "
                    "0 = clients-per-domain x domains",
@@ -146,6 +161,7 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
     if "data_root" not in merged_cli and "data_root" not in merged_file:
         cfg.data_root = str(default_data_root())
     check(cfg)
+    cfg.schedule_rounds = cfg.horizon  # stored in config.json: a resume with other --rounds keeps the schedules
     if cfg.model == "auto":
         cfg.model = default_model(cfg.data)
     if cfg.model not in MODEL_NAMES:

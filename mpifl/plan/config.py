@@ -20,6 +20,9 @@ from ..client.normalize import AUGMENTATIONS, DRAWS
 from ..errors import MpiflError
 from ..client.transforms import TRANSFORMS, parse
 
+OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
+LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
+
 
 #: ``--select-by``: the rule choosing a run's best round (mpifl.server.run_log.summary_rows); auto = the method's
 SELECT_BY = ("auto", "val-mean", "local-val")
@@ -52,6 +55,14 @@ class RunConfig:
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    lr_schedule: str = "none"
+    lr_gamma: float = 0.1
+    lr_step: int = 1
+    lr_min: float = 0.0
+    schedule_rounds: int = 0  # 0: --rounds; build_config stores the value (see horizon)
+    max_grad_norm: float = 0.0
+    keep_optimizer: bool = False
     clients_per_domain: int = 1
     num_clients: int = 0
     dirichlet: float = 0.0
@@ -78,6 +89,12 @@ class RunConfig:
     round_timeout: float = 0.0
     preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
     algo_options: dict = field(default_factory=dict)
+
+    @property
+    def horizon(self) -> int:
+        """R, the rounds that schedules over the run span: ``--schedule-rounds``, or ``--rounds`` when 0.  The
+        command line stores it in config.json, so a run resumed with more ``--rounds`` keeps its schedules."""
+        return self.schedule_rounds or self.rounds
 
     def opt(self, name: str) -> Any:
         """Value of a method-specific option (resolved by :func:`resolve`)."""
@@ -160,6 +177,17 @@ def check(cfg: RunConfig) -> None:
         (cfg.lr > 0, "--lr must be > 0"),
         (cfg.momentum >= 0, "--momentum must be >= 0"),
         (cfg.weight_decay >= 0, "--weight-decay must be >= 0"),
+        (cfg.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}"),
+        (not (cfg.optimizer == "adam" and cfg.momentum), "--momentum applies to --optimizer sgd only; drop it "
+                                                          "with --optimizer adam"),
+        (not (cfg.keep_optimizer and cfg.optimizer == "sgd" and not cfg.momentum),
+         "--keep-optimizer keeps SGD momentum buffers and --momentum is 0; give --momentum or drop --keep-optimizer"),
+        (cfg.lr_schedule in LR_SCHEDULES, f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}"),
+        (cfg.lr_gamma > 0, "--lr-gamma must be > 0"),
+        (cfg.lr_step >= 1, "--lr-step must be >= 1"),
+        (0 <= cfg.lr_min <= cfg.lr, "--lr-min must be in [0, --lr]"),
+        (cfg.schedule_rounds >= 0, "--schedule-rounds must be >= 0 (0 = --rounds)"),
+        (cfg.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0 = no clipping)"),
         (cfg.clients_per_domain >= 1, "--clients-per-domain must be >= 1"),
         (cfg.num_clients >= 0, "--num-clients must be >= 0 (0 = clients-per-domain x domains)"),
         (not (cfg.num_clients and cfg.clients_per_domain > 1),

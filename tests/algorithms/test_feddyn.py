@@ -169,7 +169,7 @@ def test_partial_participation_keeps_unsampled_state_and_h_is_the_mean_of_all_g(
                 for k in algo.shared_keys:
                     model.state_dict()[k].copy_(download[k])
             algo.begin_local(clients[i], model, download)
-            opt = algo.make_optimizer(model, 1)
+            opt = algo.make_optimizer(model, algo.lr)
             for _ in range(3):
                 opt.zero_grad()
                 sum(((p - t) ** 2).sum() for p, t in zip(model.parameters(), targets[i])).backward()

@@ -95,7 +95,7 @@ def test_the_runtime_takes_more_steps_on_larger_clients(data_root):
     model, steps = session.build_model(), []
     for spec in specs:
         client = session.algo.init_client(spec, session.initial)
-        stats = train_local(model, session.algo, client, data[spec.id], session.algo.make_optimizer(model, 1),
+        stats = train_local(model, session.algo, client, data[spec.id], session.algo.make_optimizer(model, cfg.lr),
                             1, cfg.batch_size, client_rng(cfg.seed, spec.id, 1), 1)
         assert stats.steps == local_steps(spec.num_train, cfg.batch_size, 1)
         steps.append(stats.steps)

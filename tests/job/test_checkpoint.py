@@ -14,6 +14,8 @@ from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load
                                   save_server, verify)
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.errors import MpiflError
+from mpifl.job.cli import build_config
+from mpifl.run import main
 
 from ..conftest import launch, read_metrics, run_here, run_in_process
 from .test_run_dir import one_error, snapshot
@@ -188,3 +190,39 @@ def test_files_round_trip_and_commit_keeps_only_the_named_round(tmp_path):
     assert torch.equal(load_clients(tmp_path, meta, [3, 0])[3]["p"], torch.tensor([4, 1.5]))
     with pytest.raises(MpiflError, match=r"lacks the state of clients \[1\]"):
         load_clients(tmp_path, meta, [1])
+
+
+def _build(*args):
+    """The RunConfig the command line ``args`` resolves to (what config.json stores)."""
+    ctx = main.make_context("mpifl.run", list(args))
+    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+    return build_config(ctx, ctx.params["config_file"], params, ctx.params["resume"])[0]
+
+
+def test_a_resume_with_more_rounds_keeps_the_schedules_of_the_rounds_the_run_started_with(tmp_path):
+    """FixBN's default T is half of R, and R = --rounds of the first start, stored: 4 // 2, not 10 // 2."""
+    first = _build("--algo", "fixbn", "--rounds", "4", "--out", str(tmp_path))
+    assert first.schedule_rounds == 4
+    (tmp_path / "config.json").write_text(json.dumps(first.to_flat()))
+    resumed = _build("--resume", str(tmp_path), "--rounds", "10")
+    assert (resumed.rounds, resumed.schedule_rounds) == (10, 4)
+    assert get_algorithm("fixbn")(resumed, []).stage_rounds == 2
+    with pytest.raises(MpiflError, match=r"changes --schedule-rounds 10 \(the run has 4\)"):
+        _build("--resume", str(tmp_path), "--rounds", "10", "--schedule-rounds", "10")
+    assert identity(resumed)["schedule_rounds"] == 4  # and a checkpoint records it
+
+
+def test_kept_optimizer_state_is_checkpointed_resumes_bit_for_bit_and_never_crosses_the_wire(data_root, tmp_path,
+                                                                                             uninterrupted):
+    keep = ("--momentum", "0.9", "--keep-optimizer")
+    full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "3", *keep))
+    assert full.returncode == 0, full.stderr
+    run = tmp_path / "run"
+    first = run_here(*_args(data_root, run, "--rounds", "2", "--ckpt-every", "2", *keep))
+    assert first.returncode == 0, first.stderr
+    saved = torch.load(run / "checkpoint" / "round-2" / "rank-1.pt", weights_only=True)
+    assert any(k.startswith("optimizer/") and k.endswith("/momentum_buffer") for state in saved.values() for k in state)
+    resumed = run_here("--resume", str(run), "--rounds", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert numbers(run) == numbers(tmp_path / "full")
+    assert [r["bytes"] for r in numbers(run)] == [r["bytes"] for r in uninterrupted[:3]]  # the same as without

@@ -137,3 +137,10 @@ def test_list_presets_shows_every_preset_with_its_source():
     for preset in all_presets():
         assert f"{preset.name}: {preset.title}" in result.output
     assert "Without Normalization, Table 1 (standard deviations: Table 22; learning rates: Table 8)" in result.output
+
+
+@pytest.mark.parametrize("name", [n for n in preset_names() if n.startswith("fednn-")])
+def test_fednn_presets_decay_and_clip_every_method_as_the_authors_code(name):
+    for algo in ("fedavg", "scaffold", "fednn"):
+        values, _ = apply_preset(name, algo, {})
+        assert (values["lr_schedule"], values["lr_gamma"], values["max_grad_norm"]) == ("exp", 0.998, 10.0)
