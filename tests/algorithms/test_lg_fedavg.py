@@ -9,6 +9,7 @@ from mpifl.models import MODEL_NAMES
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
+from ..models.helpers import input_size
 from .helpers import client_meta, make_algo, run_two_rounds
 
 SMALLCNN_BLOCKS = ["conv1", "conv2", "conv3", "classifier"]
@@ -27,7 +28,7 @@ def test_blocks_are_layers_with_their_norms_in_forward_order():
 @pytest.mark.parametrize("model", MODEL_NAMES)
 def test_one_global_layer_is_exactly_the_classifier_on_every_model(model):
     """LeNet registers bn1 and bn2 after its classifier: counting from the state dict's end would share bn2."""
-    size = {"lenet": (32, 32), "digitmodel": (28, 28)}.get(model, (64, 64))
+    size = input_size(model)
     algo, net = make_algo("lg-fedavg", {"model": model}, model=model, image_size=size)
     head = {f"{name}.{p}" for name, module in net.named_modules() if module is net.classifier for p in ("weight", "bias")}
     assert set(algo.shared_keys) == head

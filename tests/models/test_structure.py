@@ -9,11 +9,12 @@ from mpifl.models import MODEL_NAMES, build_model, state_entries
 from mpifl.models.structure import blocks, last_blocks
 from mpifl.plan.config import RunConfig
 
-SIZE = {"lenet": (32, 32), "digitmodel": (28, 28), "fedwon-cnn": (28, 28)}
+from .helpers import input_size
+
 
 
 def _build(name, norm="bn"):
-    return build_model(name, num_classes=5, image_size=SIZE.get(name, (64, 64)), norm=norm)
+    return build_model(name, num_classes=5, image_size=input_size(name), norm=norm)
 
 
 def _called_order(model, size):
@@ -38,7 +39,7 @@ def test_every_entry_has_a_block_the_blocks_run_in_forward_order_and_the_head_is
     assert {e.key for e in entries if e.is_head} == {f"{head}.weight", f"{head}.bias"}
     assert all(e.depth >= 0 for e in entries)
     assert {e.depth for e in entries if e.is_head} == {max(e.depth for e in entries)}
-    called = _called_order(model, SIZE.get(name, (64, 64)))
+    called = _called_order(model, input_size(name))
     first_call = [min(called.index(m) for m in group if m in called) for group in blocks(model)]
     assert first_call == sorted(first_call), [g[0] for g in blocks(model)]
     assert last_blocks(entries, 1, "--n") == {head}
