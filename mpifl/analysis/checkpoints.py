@@ -164,7 +164,8 @@ class Checkpointed:
             cfg, session = self.cfg, self.session
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
                                           stream_above_gib=cfg.stream_above,
-                                          transforms=TrainTransforms(parse(cfg.train_transforms)))
+                                          transforms=TrainTransforms(parse(cfg.train_transforms)),
+                                          input_norm=cfg.input_norm)
             session.inputs.attach(session.clients, self._data, self.device)
             for exchange in session.exchanges:  # as the run's one-time exchanges, every client here
                 spec = exchange.setup_exchange()

@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .normalize import Normalizer, fixed
+from .normalize import Normalizer, fixed, input_stats
 from ..plan.clients import SPLITS, ClientSpec
 from ..data import DatasetManifest, open_shard
 from .transforms import TrainTransforms
@@ -162,13 +162,15 @@ def _segments(client: ClientSpec) -> dict[str, Segments]:
 
 def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[ClientSpec],
                      device: torch.device, stream_above_gib: float = float("inf"),
-                     block: int = 2048, transforms: TrainTransforms | None = None) -> dict[int, ClientData]:
-    """Each hosted client's labels, and its images resident or streamed (dataset normalization)."""
-    normalizer = fixed(manifest.normalize["mean"], manifest.normalize["std"], device=device)
+                     block: int = 2048, transforms: TrainTransforms | None = None,
+                     input_norm: str = "pooled") -> dict[int, ClientData]:
+    """Each hosted client's labels, and its images resident or streamed (normalized as ``--input-norm``
+    says, :func:`~mpifl.client.normalize.input_stats`)."""
     image_bytes = int(np.prod(manifest.image_size)) * manifest.channels
     out: dict[int, ClientData] = {}
     for domain in sorted({c.domain for c in clients}, key=manifest.domains.index):
         with open_shard(root, manifest, domain) as shard:
+            normalizer = fixed(*input_stats(input_norm, manifest, shard), device=device)
             for client in (c for c in clients if c.domain == domain):
                 segments = _segments(client)
                 labels = {s: torch.from_numpy(np.concatenate([shard.labels(k)[r] for k, r in parts])).to(device)

@@ -1,4 +1,17 @@
-"""Input normalization and FedRDN, an augmentation plug-in for any algorithm (``--aug``).
+"""Input normalization (``--input-norm``) and FedRDN, an augmentation plug-in for any algorithm (``--aug``).
+
+``--input-norm`` sets the dataset normalization ``x = (p / 255 - mean) / std`` used with ``--aug none``:
+
+* ``pooled``   - the manifest's mean/std, pooled over the train images of every domain in the
+  dataset build (mpifl's default; a domain is normalized differently in a 2- and a 5-domain build);
+* ``domain``   - each domain's own train mean/std (its shard's), whatever other domains exist;
+  a held-out domain uses its own train split's;
+* ``fixed``    - the constants of the dataset's reference code
+  (:data:`mpifl.data.registry.FIXED_NORMALIZATION`: 0.5/0.5 on Digits-Five as FedBN's code, 0/1
+  on Office-Caltech-10 and DomainNet, where FedBN's code only scales to [0, 1]);
+* ``imagenet`` - ImageNet's mean/std (:data:`IMAGENET`), for backbones pre-trained on it.
+
+Any other ``--aug`` replaces it with client statistics.
 
 FedRDN (Yan, Fu, Li, Xie, Ma, Yang & Zhu, 2023, arXiv, "A Simple Data Augmentation for Feature
 Distribution Skewed Federated Learning", section 3.2):
@@ -23,7 +36,7 @@ prescribes for every client.
 
 ``--aug`` values:
 
-* ``none``   - the dataset's normalization (``manifest.json``) everywhere;
+* ``none``   - the dataset normalization of ``--input-norm`` everywhere;
 * ``norm``   - conventional normalization with the client's own statistics in
   training and test (eq. 8 in both phases; the 'norm.' rows of Table 1);
 * ``fedrdn`` - the method above;
@@ -38,15 +51,46 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import torch
 
+from ..data.registry import FIXED_NORMALIZATION
+from ..errors import MpiflError
 from ..transport.wire import TensorSpec
 
 if TYPE_CHECKING:
+    from ..data import DatasetManifest
+    from ..data.shard import Shard
     from ..plan.clients import ClientSpec
     from .client_data import ClientData
 
+INPUT_NORMS = ("pooled", "domain", "fixed", "imagenet")
+#: ImageNet's channel mean and std (torchvision's pre-trained weights expect them).
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 AUGMENTATIONS = ("none", "norm", "fedrdn", "fedrdn-v")
 DRAWS = ("batch", "sample")
 EXCHANGED = ("fedrdn", "fedrdn-v")  # the modes that share statistics
+
+
+def check_input_norm(mode: str, manifest: DatasetManifest) -> None:
+    """One-line errors for an ``--input-norm`` the dataset cannot use."""
+    if mode == "fixed" and manifest.name not in FIXED_NORMALIZATION:
+        raise MpiflError(f"--input-norm fixed: no fixed constants are known for dataset {manifest.name} (only "
+                         f"{', '.join(FIXED_NORMALIZATION)}); use pooled, domain or imagenet")
+    if mode == "imagenet" and manifest.channels != len(IMAGENET[0]):
+        raise MpiflError(f"--input-norm imagenet needs RGB images; {manifest.name} has {manifest.channels} "
+                         "channel(s): use pooled, domain or fixed")
+
+
+def input_stats(mode: str, manifest: DatasetManifest, shard: Shard) -> tuple[list[float], list[float]]:
+    """(mean, std) per channel of ``shard``'s domain under ``--input-norm mode`` (see the module docstring)."""
+    if mode == "pooled":
+        return manifest.normalize["mean"], manifest.normalize["std"]
+    if mode == "domain":
+        if not (shard.std > 0).all():
+            raise MpiflError(f"domain {shard.domain}: a channel of its train images is constant (std 0), "
+                             "--input-norm domain cannot divide by it; use pooled or fixed")
+        return shard.mean.tolist(), shard.std.tolist()
+    if mode == "fixed":
+        return FIXED_NORMALIZATION[manifest.name]
+    return IMAGENET
 
 
 def channel_stats(chunks: Iterable[torch.Tensor], channels: int) -> torch.Tensor:

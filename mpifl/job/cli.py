@@ -53,6 +53,10 @@ _HELP = {
     "fraction": "fraction C of clients sampled per round (at least one), seeded",
     "holdout": "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images with the global "
                "model; 'all' runs every fold in turn",
+    "input_norm": "input normalization with --aug none: pooled (mean/std over the train images of every domain "
+                  "in the dataset, the default), domain (each domain's own train mean/std), fixed (the dataset's "
+                  "reference-code constants: 0.5/0.5 Digits-Five, 0/1 Office-Caltech-10 and DomainNet-10, as "
+                  "FedBN's code) or imagenet (ImageNet mean/std, for pre-trained backbones)",
     "aug": "input normalization plug-in for any algorithm: none (dataset normalization), norm (each client's own "
            "channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in training, own at test), "
            "fedrdn-v (all clients' average)",

@@ -72,7 +72,8 @@ def test_preset_comparison_section_puts_the_papers_table_beside_ours(runs_dir):
     assert "not run: SingleSet, FedProx, FedAvg+GN, FedAvg+LN, SiloBN, FixBN, FedWon" in text
     # the synthetic runs did not keep the preset's settings: the report says so
     assert ("note: this configuration changed the preset's settings, so the paper's numbers are not its target: "
-            "rounds 3 (preset: 100), samples_per_client 0 (preset: 6600), uniform_weights None (preset: True)") in text
+            "input_norm pooled (preset: fixed), rounds 3 (preset: 100), samples_per_client 0 (preset: 6600), "
+            "uniform_weights None (preset: True)") in text
 
 
 def test_csv_has_one_row_per_configuration_kind_and_domain(runs_dir, tmp_path):
