@@ -112,11 +112,14 @@ class ClientData:
     """Train/val/test images (resident or streamed) and labels (always resident) of one client."""
 
     def __init__(self, images: dict, labels: dict[str, torch.Tensor], normalizer: Normalizer,
-                 transforms: TrainTransforms | None = None):
+                 transforms: TrainTransforms | None = None, own: tuple[str, int] | None = None):
         self.images = images
         self.labels = labels
         self.normalizer = normalizer
         self.transforms = transforms or TrainTransforms(())
+        # where the client's training images lie: (split, how many leading rows); a held-out domain's are the
+        # shard's train rows at the head of its test split
+        self.own = own or ("train", self.size("train"))
 
     def size(self, split: str) -> int:
         return len(self.labels[split])
@@ -150,6 +153,16 @@ class ClientData:
         for pixels, _ in self.images[split].in_order(256):
             yield pixels
 
+    def own_chunks(self, rng: np.random.Generator | None = None) -> Iterator[torch.Tensor]:
+        """The client's training images in chunks (a held-out domain's: its shard's train split), for its own
+        statistics; with ``rng``, passed once through ``--train-transforms`` as a training epoch would."""
+        split, left = self.own
+        for pixels in self.pixel_chunks(split):
+            if left <= 0:
+                return
+            pixels, left = pixels[:left], left - len(pixels)
+            yield self.transforms(pixels.float(), rng) if rng is not None and self.transforms else pixels
+
 
 def _segments(client: ClientSpec) -> dict[str, Segments]:
     """Which shard rows make up each of the client's splits (a held-out domain: all rows are test)."""
@@ -179,7 +192,8 @@ def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[
                     > stream_above_gib * 2**30
                 images = {s: StreamedImages(root, manifest, domain, parts, device, block) if streamed else
                           ResidentImages(_read_all(shard, parts, device)) for s, parts in segments.items()}
-                out[client.id] = ClientData(images, labels, normalizer, transforms)
+                own = ("train" if client.trains else "test", len(client.rows["train"]))
+                out[client.id] = ClientData(images, labels, normalizer, transforms, own)
     return out
 
 

@@ -20,7 +20,11 @@ Distribution Skewed Federated Learning", section 3.2):
   ``mu_k`` = mean over its training images of the per-image channel means,
   ``sigma_k`` = mean over its images of the per-image channel standard
   deviations (population std over H x W), in [0, 1] pixel units (eq. 5
-  prints a sum; the authors' public code takes the mean);
+  prints a sum; the authors' public code takes the mean).  The authors' code
+  computes them in one pass of its training loader, so on augmented images:
+  ``--aug-stats augmented`` (default) passes the training images once
+  through ``--train-transforms`` (a generator of its own, seeded by run seed
+  and client), ``raw`` uses the stored images as the paper reads;
 * the statistics of every training client are exchanged once, at setup:
   the only tensors FedRDN adds to the wire (``--show-manifest`` lists them);
 * training normalizes ``x_hat = (x - mu_j) / sigma_j`` with statistics drawn
@@ -32,7 +36,7 @@ authors' public code draws the mean and the std independently, once per
 mini-batch.  ``--aug-draw batch`` (default) follows
 the code, ``--aug-draw sample`` the paper's per-image pairs.  A held-out
 domain, which never trains, uses its own statistics at test time as eq. 8
-prescribes for every client.
+prescribes for every client, computed on its training split.
 
 ``--aug`` values:
 
@@ -53,6 +57,7 @@ import torch
 
 from ..data.registry import FIXED_NORMALIZATION
 from ..errors import MpiflError
+from ..plan.seeding import statistics_rng
 from ..transport.wire import TensorSpec
 
 if TYPE_CHECKING:
@@ -66,6 +71,7 @@ INPUT_NORMS = ("pooled", "domain", "fixed", "imagenet")
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 AUGMENTATIONS = ("none", "norm", "fedrdn", "fedrdn-v")
 DRAWS = ("batch", "sample")
+STATS_SOURCES = ("augmented", "raw")
 EXCHANGED = ("fedrdn", "fedrdn-v")  # the modes that share statistics
 
 
@@ -96,12 +102,12 @@ def input_stats(mode: str, manifest: DatasetManifest, shard: Shard) -> tuple[lis
 def channel_stats(chunks: Iterable[torch.Tensor], channels: int) -> torch.Tensor:
     """(2, C) float64: mean of per-image channel means and of per-image channel stds (eqs. 5-6).
 
-    ``chunks`` are uint8 N x C x H x W blocks of one client's images.
+    ``chunks`` are N x C x H x W blocks of one client's images, pixel values in [0, 255].
     """
     sums = torch.zeros(2, channels, dtype=torch.float64)
     count = 0
     for chunk in chunks:
-        x = chunk.to(torch.float64).div_(255).flatten(2)
+        x = (chunk.to(torch.float64) / 255).flatten(2)
         sums[0] += x.mean(dim=2).sum(dim=0).cpu()
         sums[1] += x.std(dim=2, unbiased=False).sum(dim=0).cpu()
         count += len(chunk)
@@ -168,13 +174,14 @@ class InputNormalization:
     exchange (the interface of :class:`~mpifl.transport.exchange.OneTimeExchange`, as a method's own).
 
     A client host :meth:`attach` es its clients' data: their own statistics are computed then (from the
-    training images, or a held-out domain's test images), and their normalizers are installed then, or, when
+    training images, a held-out domain's too, through ``--train-transforms`` under ``--aug-stats
+    augmented``), and their normalizers are installed then, or, when
     the statistics are exchanged, as soon as every training client's have arrived.  The server attaches
     nothing and only takes part in the exchange.
     """
 
-    def __init__(self, aug: str, draw: str, channels: int):
-        self.aug, self.draw, self.channels = aug, draw, channels
+    def __init__(self, aug: str, draw: str, channels: int, stats: str = "augmented", seed: int = 0):
+        self.aug, self.draw, self.channels, self.stats, self.seed = aug, draw, channels, stats, seed
         self._own: dict[int, np.ndarray] = {}  # (2, C) per attached client
         self._data: dict[int, ClientData] = {}
         self._device = None
@@ -183,8 +190,9 @@ class InputNormalization:
         if self.aug == "none":
             return  # the dataset's normalization, installed with the data
         self._data, self._device = data, device
-        self._own = {s.id: channel_stats(data[s.id].pixel_chunks("train" if s.trains else "test"),
-                                         self.channels).numpy() for s in specs}
+        self._own = {s.id: channel_stats(data[s.id].own_chunks(
+            statistics_rng(self.seed, s.id) if self.stats == "augmented" else None), self.channels).numpy()
+            for s in specs}
         if self.setup_exchange() is None:
             self._install(None)
 

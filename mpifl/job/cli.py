@@ -62,6 +62,9 @@ _HELP = {
            "fedrdn-v (all clients' average)",
     "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
                 "sample (one client's pair per image, the paper's eq. 7)",
+    "aug_stats": "images a client's own statistics (--aug norm/fedrdn/fedrdn-v) are computed on: augmented (one "
+                 "pass through --train-transforms, as the authors' code computes them through its training "
+                 "loader) or raw (the stored training images)",
     "train_transforms": "training augmentations, in batch on the device: comma list of flip, crop (pad size/8, "
                         "reflect), jitter (brightness/contrast/saturation 0.4), or none",
     "seed": "seed of everything random; results do not depend on the number of ranks",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..client.normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS
+from ..client.normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 from ..errors import MpiflError
 from ..client.transforms import TRANSFORMS, parse
 
@@ -58,6 +58,7 @@ class RunConfig:
     input_norm: str = "pooled"
     aug: str = "none"
     aug_draw: str = "batch"
+    aug_stats: str = "augmented"
     train_transforms: str = "none"
     seed: int = 0
     eval_every: int = 1
@@ -177,6 +178,7 @@ def check(cfg: RunConfig) -> None:
         (all(t in TRANSFORMS for t in parse(cfg.train_transforms)),
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
         (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
+        (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),
     ]
     for ok, message in rules:
         if not ok:
