@@ -83,7 +83,7 @@ _SPLIT_DIR_NAMES = {"train": ("train",), "val": ("crossval", "val"), "test": ("t
 
 @dataclass(frozen=True)
 class Domain:
-    """A domain: its id (the shard's file stem, no spaces) and the other folder names it is found under."""
+    """A domain: its id (the shard's file stem, no spaces) and the folder names it is found under."""
 
     id: str
     folders: tuple[str, ...]
