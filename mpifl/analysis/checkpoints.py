@@ -165,7 +165,7 @@ class Checkpointed:
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
                                           stream_above_gib=cfg.stream_above,
                                           transforms=TrainTransforms(parse(cfg.train_transforms)),
-                                          pretrained=bool(cfg.pretrained))
+                                          input_norm=cfg.input_norm)
             session.inputs.attach(session.clients, self._data, self.device)
             for exchange in session.exchanges:  # as the run's one-time exchanges, every client here
                 spec = exchange.setup_exchange()

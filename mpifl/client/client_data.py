@@ -10,7 +10,7 @@ own size, so it never depends on the number of ranks.
 Either way a mini-batch becomes the model's input by one fused
 scale-and-shift, ``x = (p / 255 - mean) / std = p * (1 / (255 std)) - mean /
 std``, with the (mean, std) its :class:`~mpifl.client.normalize.Normalizer` gives: the
-dataset's by default (ImageNet's with ``--pretrained``, :func:`input_mean_std`), drawn per
+dataset's as ``--input-norm`` says (:func:`~mpifl.client.normalize.input_stats`), drawn per
 batch or per image under FedRDN (``--aug``);
 training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`).
 
@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .normalize import Normalizer, fixed
+from .normalize import Normalizer, fixed, input_stats
 from ..plan.clients import SPLITS, ClientSpec
 from ..data import DatasetManifest, open_shard
 from .transforms import TrainTransforms
@@ -113,11 +113,14 @@ class ClientData:
     """Train/val/test images (resident or streamed) and labels (always resident) of one client."""
 
     def __init__(self, images: dict, labels: dict[str, torch.Tensor], normalizer: Normalizer,
-                 transforms: TrainTransforms | None = None):
+                 transforms: TrainTransforms | None = None, own: tuple[str, int] | None = None):
         self.images = images
         self.labels = labels
         self.normalizer = normalizer
         self.transforms = transforms or TrainTransforms(())
+        # where the client's training images lie: (split, how many leading rows); a held-out domain's are the
+        # shard's train rows at the head of its test split
+        self.own = own or ("train", self.size("train"))
 
     def size(self, split: str) -> int:
         return len(self.labels[split])
@@ -151,6 +154,16 @@ class ClientData:
         for pixels, _ in self.images[split].in_order(256):
             yield pixels
 
+    def own_chunks(self, rng: np.random.Generator | None = None) -> Iterator[torch.Tensor]:
+        """The client's training images in chunks (a held-out domain's: its shard's train split), for its own
+        statistics; with ``rng``, passed once through ``--train-transforms`` as a training epoch would."""
+        split, left = self.own
+        for pixels in self.pixel_chunks(split):
+            if left <= 0:
+                return
+            pixels, left = pixels[:left], left - len(pixels)
+            yield self.transforms(pixels.float(), rng) if rng is not None and self.transforms else pixels
+
 
 def _segments(client: ClientSpec) -> dict[str, Segments]:
     """Which shard rows make up each of the client's splits (a held-out domain: all rows are test)."""
@@ -161,27 +174,17 @@ def _segments(client: ClientSpec) -> dict[str, Segments]:
             "test": [(split, client.rows[split]) for split in SPLITS]}
 
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def input_mean_std(manifest: DatasetManifest, pretrained: bool) -> tuple[list[float], list[float]]:
-    """The input (mean, std): ImageNet's for an ImageNet-pretrained backbone (torchvision's weights
-    were trained on them; gPerXAN's code normalizes so), else the dataset's pooled statistics."""
-    if pretrained:
-        return list(IMAGENET_MEAN), list(IMAGENET_STD)
-    return manifest.normalize["mean"], manifest.normalize["std"]
-
-
 def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[ClientSpec],
                      device: torch.device, stream_above_gib: float = float("inf"),
                      block: int = 2048, transforms: TrainTransforms | None = None,
-                     pretrained: bool = False) -> dict[int, ClientData]:
-    """Each hosted client's labels, and its images resident or streamed (:func:`input_mean_std`)."""
-    normalizer = fixed(*input_mean_std(manifest, pretrained), device=device)
+                     input_norm: str = "pooled") -> dict[int, ClientData]:
+    """Each hosted client's labels, and its images resident or streamed (normalized as ``--input-norm``
+    says, :func:`~mpifl.client.normalize.input_stats`)."""
     image_bytes = int(np.prod(manifest.image_size)) * manifest.channels
     out: dict[int, ClientData] = {}
     for domain in sorted({c.domain for c in clients}, key=manifest.domains.index):
         with open_shard(root, manifest, domain) as shard:
+            normalizer = fixed(*input_stats(input_norm, manifest, shard), device=device)
             for client in (c for c in clients if c.domain == domain):
                 segments = _segments(client)
                 labels = {s: torch.from_numpy(np.concatenate([shard.labels(k)[r] for k, r in parts])).to(device)
@@ -190,7 +193,8 @@ def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[
                     > stream_above_gib * 2**30
                 images = {s: StreamedImages(root, manifest, domain, parts, device, block) if streamed else
                           ResidentImages(_read_all(shard, parts, device)) for s, parts in segments.items()}
-                out[client.id] = ClientData(images, labels, normalizer, transforms)
+                own = ("train" if client.trains else "test", len(client.rows["train"]))
+                out[client.id] = ClientData(images, labels, normalizer, transforms, own)
     return out
 
 

@@ -53,7 +53,7 @@ class ClientHost:
         self.data = load_client_data(session.cfg.data_root, session.manifest, specs, device,
                                      stream_above_gib=session.cfg.stream_above,
                                      transforms=TrainTransforms(parse(session.cfg.train_transforms)),
-                                     pretrained=bool(session.cfg.pretrained))
+                                     input_norm=session.cfg.input_norm)
         cfg = session.cfg
         self.precision = Precision(cfg.precision, device, cfg.channels_last)
         self.model = session.build_model().to(device)

@@ -40,7 +40,10 @@ name                size     split
 Class ids are the sorted class names (Python string order), the same in
 every domain; every class must have images in every domain.  Domain ids
 have no spaces (Office-Home's ``Real World`` is ``real_world``); the shard's
-``source`` attribute keeps the original folder name.
+``source`` attribute keeps the original folder name.  Folder names are
+matched as :mod:`mpifl.data.folders` (step 2) says: any case and separators,
+plus each spec's aliases (Office-Caltech-10: ``laptop``, Caltech-256's
+``003.backpack``; ``caltech10``/``caltech256`` for ``caltech``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,10 @@ OFFICE_CALTECH = FolderSpec(
     domains=_domains(("amazon",), ("caltech", "caltech", "caltech10", "caltech256"), ("dslr",), ("webcam",)),
     classes=("back_pack", "bike", "calculator", "headphones", "keyboard", "laptop_computer", "monitor",
              "mouse", "mug", "projector"),
+    # the names of other copies (e.g. 'laptop') and of Caltech-256's folders (e.g. '127.laptop-101')
+    class_aliases={"bike": ("touring_bike",), "keyboard": ("computer_keyboard",),
+                   "laptop_computer": ("laptop", "laptop_101"), "monitor": ("computer_monitor",),
+                   "mouse": ("computer_mouse",), "mug": ("coffee_mug",), "projector": ("video_projector",)},
     default_size=256,
     size_origin="256x256 as in FedBN's public code (transforms.Resize([256, 256]))",
     fractions=(0.72, 0.08, 0.2),
@@ -101,7 +108,7 @@ OFFICEHOME = FolderSpec(
     source=("Office-Home (Venkateswara, Eusebio, Chakraborty, Panchanathan: Deep Hashing Network for "
             "Unsupervised Domain Adaptation, CVPR 2017)"),
     domains=_domains(("art", "Art"), ("clipart", "Clipart"), ("product", "Product"),
-                     ("real_world", "Real World", "Real_World", "RealWorld")),
+                     ("real_world", "Real World", "Real")),
     num_classes=65,
     default_size=224,
     size_origin="224 px, the usual ImageNet-backbone input (an mpifl choice)",

@@ -2,17 +2,25 @@
 
 Five domains of the digits 0-9 (class ``"0"`` .. ``"9"``, label = digit),
 converted from their usual downloads.  ``--src`` holds one folder per
-domain (folder names matched case-insensitively); any subset of the five
-may be present: the converter prints the domains found and missing on
-stderr and fails only when none is there.  A visible folder that is no
-domain is an error (hidden and ``__`` folders are ignored, loose files too).
+domain, or a domain's files themselves (``--src/usps.h5``,
+``--src/train_32x32.mat`` as torchvision stores SVHN, ...); a domain's files
+are looked up in its folder, in that folder's ``raw/`` sub-folder
+(torchvision's ``MNIST/raw``) and in a sub-folder named like the domain
+(``mnist_m/mnist_m/`` of an unpacked tarball).  Folder and file names are
+matched as :func:`mpifl.data.names.folder_key` says (any case, ``-``, ``_``,
+blanks and, in file names, ``.`` between words do not count:
+``train-images.idx3-ubyte`` is ``train-images-idx3-ubyte``); each mapping is
+printed once.  Any subset of the five may be present: the converter prints
+the domains found and missing on stderr and fails only when none is there.
+A domain given both as a folder and as files in ``--src`` is an error, so is
+a visible folder that is no domain (hidden and ``__`` folders are ignored,
+other loose files too).
 
 =========  =========================  ==============================================================
-domain id  folder names               files (in the domain folder)
+domain id  folder names               files
 =========  =========================  ==============================================================
 mnist      ``mnist``                  ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`` (the IDX
-                                      files of LeCun's site), in the folder or in its ``raw/``
-                                      sub-folder (torchvision's ``MNIST/raw``)
+                                      files of LeCun's site)
 svhn       ``svhn``                   ``train_32x32.mat``, ``test_32x32.mat`` (cropped digits; ``X``
                                       32x32x3xN, ``y`` N x 1, label 10 means digit 0);
                                       ``extra_32x32.mat`` is ignored
@@ -70,6 +78,7 @@ from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels
                                convert_arrays, seeded_split, split_rule, to_rgb, visible_dirs)
 from mpifl.data.images import load_image, workers
 from mpifl.data.manifest import DatasetManifest
+from mpifl.data.names import MATCHING, Aliases, folder_key
 from mpifl.data.splits import SPLIT_SEED
 from mpifl.data.staging import source_dir
 
@@ -77,9 +86,8 @@ NAME = "digits"
 CLASSES = [str(d) for d in range(10)]
 DEFAULT_SIZE = 28
 DOMAINS = ("mnist", "svhn", "usps", "synth", "mnistm")
-ALIASES = {"mnist": ("mnist",), "svhn": ("svhn",), "usps": ("usps",),
-           "synth": ("synth", "synthdigits", "synth_digits", "syn"),
-           "mnistm": ("mnistm", "mnist_m", "mnist-m")}
+#: Domain folder names besides the domain id (matched by folder_key: 'MNIST_M' is mnistm).
+ALIASES = Aliases({"mnist": (), "svhn": (), "usps": (), "synth": ("synthdigits", "syn"), "mnistm": ()})
 FRACTIONS = (0.8, 0.2)
 VAL_FRACTION = 0.1
 FEDBN_PARTITION_SIZE = 743
@@ -138,22 +146,37 @@ def read_svhn_mat(path: Path, size: int) -> tuple[np.ndarray, np.ndarray]:
     return to_rgb(images, size, str(path)), labels
 
 
-def _find(folder: Path, names, where: str) -> Path:
-    for name in names:
-        for place in (folder, folder / "raw"):
-            if (place / name).is_file():
-                return place / name
-    raise MpiflError(f"{where}: {names[0]} is missing in {folder}; put the complete download there or "
-                     "remove the domain folder")
+def file_key(name: str) -> str:
+    """A file name as matched: :func:`~mpifl.data.names.folder_key` with ``.`` a separator too."""
+    return folder_key(name.replace(".", " "))
 
 
-def _mnist_files(folder: Path) -> dict:
-    files = {}
-    for split, prefix in (("train", "train"), ("test", "t10k")):
-        for kind, tag in (("images", "idx3"), ("labels", "idx1")):
-            stem = f"{prefix}-{kind}-{tag}-ubyte"
-            files[split, kind] = _find(folder, (f"{stem}.gz", stem), "mnist")
-    return files
+def _lookup(places: list[Path], names, directory: bool = False) -> Path | None:
+    """The first file (or folder) in ``places`` whose name matches one of ``names`` by :func:`file_key`."""
+    wanted = {file_key(n) for n in names}
+    for place in places:
+        for entry in sorted(place.iterdir()):
+            if file_key(entry.name) in wanted and (entry.is_dir() if directory else entry.is_file()):
+                return entry
+    return None
+
+
+def _find(places: list[Path], names, where: str, directory: bool = False) -> Path:
+    found = _lookup(places, names, directory)
+    if found is None:
+        raise MpiflError(f"{where}: {names[0]} is missing in {places[0]}; put the complete download there or "
+                         "remove the domain's folder or files")
+    return found
+
+
+def _mnist_names(split: str, kind: str) -> tuple[str, str]:
+    prefix, tag = {"train": "train", "test": "t10k"}[split], {"images": "idx3", "labels": "idx1"}[kind]
+    return f"{prefix}-{kind}-{tag}-ubyte.gz", f"{prefix}-{kind}-{tag}-ubyte"
+
+
+def _mnist_files(places: list[Path]) -> dict:
+    return {(split, kind): _find(places, _mnist_names(split, kind), "mnist")
+            for split in ("train", "test") for kind in ("images", "labels")}
 
 
 def _load_mnist(files: dict, size: int):
@@ -191,15 +214,15 @@ def _load_usps(path: Path, size: int):
     return parts
 
 
-def _mnistm_lists(folder: Path) -> dict:
+def _mnistm_lists(places: list[Path]) -> dict:
     lists = {}
     for split in ("train", "test"):
-        images = folder / f"mnist_m_{split}"
-        labels = folder / f"mnist_m_{split}_labels.txt"
-        for path in (images, labels):
-            if not path.exists():
-                raise MpiflError(f"mnistm: {path.name} is missing in {folder}; unpack the complete "
-                                 "mnist_m.tar.gz there or remove the domain folder")
+        images = _lookup(places, (f"mnist_m_{split}",), directory=True)
+        labels = _lookup(places, (f"mnist_m_{split}_labels.txt",))
+        for path, name in ((images, f"mnist_m_{split}"), (labels, f"mnist_m_{split}_labels.txt")):
+            if path is None:
+                raise MpiflError(f"mnistm: {name} is missing in {places[0]}; unpack the complete "
+                                 "mnist_m.tar.gz there or remove the domain's folder or files")
         lists[split] = (images, labels)
     return lists
 
@@ -276,43 +299,78 @@ def _read_pickle(path: Path, size: int):
 # ---------------------------------------------------------------- scanning
 
 
-def _domain_folders(src: Path) -> dict[str, Path]:
-    aliases = {a: d for d, names in ALIASES.items() for a in names}
-    found: dict[str, Path] = {}
+#: The file that shows a domain's download lies loose in --src.
+_MARKERS = {"mnist": _mnist_names("train", "images"), "svhn": ("train_32x32.mat",), "usps": ("usps.h5",),
+            "synth": ("synth_train_32x32.mat",), "mnistm": ("mnist_m_train_labels.txt",)}
+#: Folders that belong to a loose domain download in --src (not domain folders).
+_LOOSE_FOLDERS = {"mnistm": ("mnist_m_train", "mnist_m_test")}
+
+
+class _Source:
+    """Where one domain's download is: its folder (None for files loose in --src) and the places searched."""
+
+    def __init__(self, domain: str, src: Path, folder: Path | None):
+        self.domain, self.folder = domain, folder
+        if folder is None:
+            self.places, self.shown = [src], f"files in {src.resolve()}"
+        else:
+            subfolders = [p for p in visible_dirs(folder)
+                          if folder_key(p.name) == "raw" or ALIASES.resolve(p.name) == domain]
+            self.places, self.shown = [folder, *subfolders], f"domain folder '{folder.name}' of {src.resolve()}"
+
+
+def _sources(src: Path, mapped: dict) -> dict[str, _Source]:
+    """The domains present in ``src``, as folders or loose files; unknown folders are errors."""
+    loose = {d for d, names in _MARKERS.items() if _lookup([src], names) is not None}
+    loose_folders = {file_key(n) for d in loose for n in _LOOSE_FOLDERS.get(d, ())}
+    found: dict[str, _Source] = {}
     for folder in visible_dirs(src):
-        domain = aliases.get(folder.name.lower())
+        domain = ALIASES.resolve(folder.name)
         if domain is None:
-            raise MpiflError(f"unknown domain folder '{folder.name}' in {src}; digits expects folders "
-                             f"{', '.join(DOMAINS)} (see mpifl.data.digits): rename or move it away")
+            if file_key(folder.name) in loose_folders:
+                continue
+            raise MpiflError(f"unknown domain folder '{folder.name}' in {src}; digits accepts folders "
+                             f"{ALIASES.accepted()} ({MATCHING}) or their files in --src (see "
+                             "mpifl.data.digits): rename or move it away")
         if domain in found:
-            raise MpiflError(f"two folders for domain {domain} in {src}: '{found[domain].name}' and "
+            raise MpiflError(f"two folders for domain {domain} in {src}: '{found[domain].folder.name}' and "
                              f"'{folder.name}'; keep one")
-        found[domain] = folder
+        if domain in loose:
+            raise MpiflError(f"domain {domain} is both folder '{folder.name}' and "
+                             f"{_lookup([src], _MARKERS[domain]).name} in {src}; keep one")
+        found[domain] = _Source(domain, src, folder)
+        if folder.name != domain:
+            mapped[f"domain folder '{folder.name}' -> {domain}"] = None
+    for domain in (d for d in DOMAINS if d in loose):
+        found[domain] = _Source(domain, src, None)
+        mapped[f"{domain} from {_lookup([src], _MARKERS[domain]).name} in --src"] = None
     return {d: found[d] for d in DOMAINS if d in found}
 
 
-def _is_fedbn(folder: Path) -> bool:
-    return (folder / "partitions").is_dir() or (folder / "test.pkl").is_file()
+def _is_fedbn(source: _Source) -> bool:
+    folder = source.folder
+    return folder is not None and ((folder / "partitions").is_dir() or (folder / "test.pkl").is_file())
 
 
-def _plan(domain: str, folder: Path, size: int) -> tuple[str, Callable]:
+def _plan(source: _Source, size: int) -> tuple[str, Callable]:
     """(description, loader) for one domain; every file is located here, before any is read."""
-    if _is_fedbn(folder):
-        parts, test = _fedbn_files(folder, domain)
+    domain, places = source.domain, source.places
+    if _is_fedbn(source):
+        parts, test = _fedbn_files(source.folder, domain)
         return (f"FedBN preprocessed partitions ({len(parts)} train parts + test.pkl)",
                 lambda: ([_read_pickle(p, size) for p in parts], _read_pickle(test, size)))
     if domain == "mnist":
-        files = _mnist_files(folder)
+        files = _mnist_files(places)
         return "MNIST IDX files", lambda: _load_mnist(files, size)
     if domain in ("svhn", "synth"):
         prefix = "" if domain == "svhn" else "synth_"
-        mats = [_find(folder, (f"{prefix}{s}_32x32.mat",), domain) for s in ("train", "test")]
+        mats = [_find(places, (f"{prefix}{s}_32x32.mat",), domain) for s in ("train", "test")]
         return (f"{mats[0].name} + {mats[1].name}",
                 lambda: [read_svhn_mat(m, size) for m in mats])
     if domain == "usps":
-        path = _find(folder, ("usps.h5",), domain)
-        return "usps.h5", lambda: _load_usps(path, size)
-    lists = _mnistm_lists(folder)
+        path = _find(places, ("usps.h5",), domain)
+        return path.name, lambda: _load_usps(path, size)
+    lists = _mnistm_lists(places)
     return "MNIST-M PNGs + label lists", lambda: _load_mnistm(lists, size)
 
 
@@ -343,12 +401,15 @@ def prepare_digits(src, out, size: int | None = None,
     src = source_dir(NAME, src, f"the domain folders {', '.join(DOMAINS)} (see `pydoc mpifl.data.digits`)")
     out = Path(out)
     size = check_size(size, DEFAULT_SIZE)
-    folders = _domain_folders(src)
+    mapped: dict = {}
+    folders = _sources(src, mapped)
     if not folders:
-        raise MpiflError(f"no digits domain folder in {src}; expected one or more of {', '.join(DOMAINS)} "
-                         "(see `pydoc mpifl.data.digits`)")
+        raise MpiflError(f"no digits domain folder or file in {src}; expected one or more of "
+                         f"{', '.join(DOMAINS)} (see `pydoc mpifl.data.digits`)")
     missing = [d for d in DOMAINS if d not in folders]
     log(f"digits: found {', '.join(folders)}; missing {', '.join(missing) or 'none'}")
+    for line in mapped:
+        log(f"digits: {line}")
     kinds = {d: _is_fedbn(f) for d, f in folders.items()}
     if len(set(kinds.values())) > 1:
         fedbn = [d for d, k in kinds.items() if k]
@@ -356,7 +417,7 @@ def prepare_digits(src, out, size: int | None = None,
         raise MpiflError(f"domains {', '.join(fedbn)} are FedBN pickles but {', '.join(raw)} are raw "
                          "downloads; convert all domains from the same kind of source")
     fedbn = next(iter(kinds.values()))
-    plans = {d: _plan(d, f, size) for d, f in folders.items()}
+    plans = {d: _plan(f, size) for d, f in folders.items()}
     if fedbn:
         rule = (f"FedBN's split (train = its partitions, test = test.pkl); val = seeded stratified "
                 f"{100 * VAL_FRACTION:g} % of train (seed {SPLIT_SEED})")
@@ -367,8 +428,7 @@ def prepare_digits(src, out, size: int | None = None,
         origin = ("FedBN (Li et al., ICLR 2021): train+test merged, stratified 80/20; val 10 % of train "
                   "is an mpifl choice")
         splitter = _raw_splits
-    domains = [ArrayDomain(d, f"{_TITLE}: domain folder '{folders[d].name}' of {src.resolve()}, "
-                              f"{plans[d][0]}; {rule}",
+    domains = [ArrayDomain(d, f"{_TITLE}: {folders[d].shown}, {plans[d][0]}; {rule}",
                            (lambda d=d: splitter(d, plans[d][1])))
                for d in folders]
     protocol = {"clients_per_domain": 1, "split": rule, "split_origin": origin,

@@ -5,18 +5,28 @@ DomainNet; see :mod:`mpifl.data.benchmarks`) is one :class:`FolderSpec` fed
 to :func:`convert_folders`.  The conversion is the same for all of them:
 
 1. **Scan and check** everything before decoding a single pixel: one folder
-   per domain (folder names are matched case-insensitively against the
-   spec's accepted names; hidden folders and folders holding neither
-   sub-folders nor images, such as a folder of split lists, are ignored, any
-   other folder is an unknown domain), class folders inside it (optionally
-   below a lone ``images/`` folder, as in Office-31 downloads), image files
-   inside those (``.jpg .jpeg .png .bmp .gif .ppm .pgm .tif .tiff .webp``,
-   any case; other files such as ``Thumbs.db`` are skipped).
-2. **Classes**: the spec's fixed list, or the sorted union of the class
-   folders found; class ids are the positions in that sorted list (Python
-   string order), the same in every domain.  A class with no images in some
-   domain is an error naming the domain and the class.
-3. **Splits**, in this order of preference:
+   per domain, class folders inside it (optionally below a lone ``images/``
+   folder, as in Office-31 downloads), image files inside those (``.jpg
+   .jpeg .png .bmp .gif .ppm .pgm .tif .tiff .webp``, any case; other files
+   such as ``Thumbs.db`` are skipped).  Hidden folders and folders holding
+   neither sub-folders nor images, such as a folder of split lists, are
+   ignored.
+2. **Names**: domain and class folders (and the class names in split lists)
+   are matched against the spec's canonical names and aliases by
+   :func:`mpifl.data.names.folder_key`: case, ``-``/``_``/blank separators
+   and a Caltech-256 number prefix do not count (``Art-Painting`` is
+   ``art_painting``, ``backpack`` is ``back_pack``), and aliases cover other
+   words (Office-Caltech's ``laptop`` is ``laptop_computer``).  Each mapping
+   is logged once (``class folder 'backpack' -> back_pack``); the shards and
+   the manifest use the canonical names only.  A folder that matches nothing
+   is an error naming it and the accepted names.
+3. **Classes**: the spec's fixed list, or the sorted union of the class
+   folders found (spellings that :func:`~mpifl.data.names.folder_key` makes
+   equal are one class, named as most domains spell it); class ids are the
+   positions in that sorted list (Python string order), the same in every
+   domain.  A class with no images in some domain is an error naming the
+   domain and the class.
+4. **Splits**, in this order of preference:
 
    * split lists in ``--src`` (or one folder below it), e.g. PACS's
      ``<domain>_train_kfold.txt``: lines ``<domain>/<class>/<file> <label>``;
@@ -34,24 +44,25 @@ to :func:`convert_folders`.  The conversion is the same for all of them:
    When lists or folders give train and test but no val, val is a seeded
    stratified fraction (``FolderSpec.val_fraction``) of the train rows.
    Rows of a seeded split are written sorted by class, then file name.
-4. **Decode and write**: every image decoded to RGB and resized once to
+5. **Decode and write**: every image decoded to RGB and resized once to
    ``S x S`` (:mod:`mpifl.data.images`), a thread pool at most two batches
    ahead of the HDF5 writer, so memory stays bounded whatever the domain's
    size.
-5. **Atomic result**: shards and ``manifest.json`` are written into a
+6. **Atomic result**: shards and ``manifest.json`` are written into a
    temporary folder under ``--out`` that is renamed onto ``<out>/<name>``
    only when everything succeeded (replacing an earlier prepared copy, never
    a folder holding anything else); on any error or interrupt the temporary
    folder is deleted, so no shard is left behind.
 
-Steps 4 and 5 are :func:`mpifl.data.listed.write_listed`, shared with the
-converters of image files listed in a CSV table; the seeded splits of step 3
+Steps 5 and 6 are :func:`mpifl.data.listed.write_listed`, shared with the
+converters of image files listed in a CSV table; the seeded splits of step 4
 are :mod:`mpifl.data.splits`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -60,6 +71,7 @@ from mpifl.errors import MpiflError
 from mpifl.data.images import RESIZE_NOTE
 from mpifl.data.listed import ListedDomain, write_listed
 from mpifl.data.manifest import DatasetManifest
+from mpifl.data.names import MATCHING, Aliases, folder_key
 from mpifl.data.shard import SPLITS
 from mpifl.data.splits import SPLIT_SEED, split_rows, stratified_split
 from mpifl.data.staging import check_target
@@ -94,7 +106,8 @@ class FolderSpec:
     """What differs between image-folder benchmarks; everything else is :func:`convert_folders`.
 
     ``classes`` is the fixed class list (``None``: discover the class folders,
-    expecting ``num_classes`` of them).  With ``subset``, class folders
+    expecting ``num_classes`` of them); ``class_aliases`` maps a class to the
+    other folder names it is found under.  With ``subset``, class folders
     outside ``classes`` are skipped instead of rejected.  ``fractions`` is the
     seeded train/val/test split used when neither ``lists`` nor
     ``split_dirs`` apply; ``val_fraction`` carves val out of a given train
@@ -108,6 +121,7 @@ class FolderSpec:
     default_size: int
     source: str
     classes: tuple[str, ...] | None = None
+    class_aliases: dict = field(default_factory=dict)
     num_classes: int | None = None
     subset: bool = False
     allow_missing_classes: bool = False
@@ -128,6 +142,19 @@ class FolderSpec:
             raise ValueError(f"{self.name}: give split lists or split folders, not both")
         if self.classes is not None and list(self.classes) != sorted(set(self.classes)):
             raise ValueError(f"{self.name}: the class list must be sorted and unique")
+        if set(self.class_aliases) - set(self.classes or ()):
+            raise ValueError(f"{self.name}: class aliases name classes outside the class list")
+        self.domain_names, self.fixed_class_names  # building them raises ValueError on a name clash
+
+    @property
+    def domain_names(self) -> Aliases:
+        return Aliases({d.id: d.folders for d in self.domains})
+
+    @property
+    def fixed_class_names(self) -> Aliases | None:
+        if self.classes is None:
+            return None
+        return Aliases({c: tuple(self.class_aliases.get(c, ())) for c in self.classes})
 
 
 @dataclass
@@ -186,22 +213,24 @@ def _scan_classes(folder: Path) -> dict[str, list[Path]]:
     return tree
 
 
-def _domain_folders(spec: FolderSpec, src: Path) -> dict[str, Path]:
+def _domain_folders(spec: FolderSpec, src: Path, mapped: dict) -> dict[str, Path]:
     """Domain id -> its folder in ``src``; unknown data folders and missing domains are errors."""
-    aliases = {name.lower(): d for d in spec.domains for name in (d.id, *d.folders)}
+    names = spec.domain_names
     found: dict[str, Path] = {}
     for folder in _visible_dirs(src):
-        domain = aliases.get(folder.name.lower())
+        domain = names.resolve(folder.name)
         if domain is None:
             if _holds_data(folder):
-                raise MpiflError(f"unknown domain folder '{folder.name}' in {src}; {spec.name} expects "
-                                 f"{', '.join(repr(d.folders[0]) for d in spec.domains)}: point --src at "
-                                 "the folder holding the domain folders, or move the extra folder away")
+                raise MpiflError(f"unknown domain folder '{folder.name}' in {src}; {spec.name} accepts "
+                                 f"{names.accepted()} ({MATCHING}): point --src at the folder holding the "
+                                 "domain folders, or move the extra folder away")
             continue
-        if domain.id in found:
-            raise MpiflError(f"two folders for domain {domain.id} in {src}: '{found[domain.id].name}' and "
+        if domain in found:
+            raise MpiflError(f"two folders for domain {domain} in {src}: '{found[domain].name}' and "
                              f"'{folder.name}'; keep one")
-        found[domain.id] = folder
+        found[domain] = folder
+        if folder.name != domain:
+            mapped[f"domain folder '{folder.name}' -> {domain}"] = None
     for domain in spec.domains:
         if domain.id not in found:
             raise MpiflError(f"no folder for domain '{domain.folders[0]}' in {src}; {spec.name} expects "
@@ -248,12 +277,12 @@ def _find_list(spec: FolderSpec, src: Path, domain: Domain, folder: Path, split:
 
 
 def _is_domain_folder(spec: FolderSpec, path: Path) -> bool:
-    return path.name.lower() in {n.lower() for d in spec.domains for n in (d.id, *d.folders)}
+    return spec.domain_names.resolve(path.name) is not None
 
 
 def _read_list(spec: FolderSpec, path: Path, domain: Domain, folder: Path, tree: dict,
-               class_index: dict, labels_seen: dict) -> list:
-    """Rows (path, class index) of a split list, checked against the folders."""
+               class_index: dict, names: Aliases, labels_seen: dict) -> list:
+    """Rows (path, class index) of a split list, checked against the (canonically named) class folders."""
     base = spec.lists.label_base
     rows, seen = [], set()
     try:
@@ -273,10 +302,10 @@ def _read_list(spec: FolderSpec, path: Path, domain: Domain, folder: Path, tree:
             raise MpiflError(f"{where} is not '<domain>/<class>/<file> <label>': {line.strip()!r}; fix the "
                              "line or remove the lists to get a seeded split") from None
         pieces = [p for p in name.split("/") if p not in ("", ".")]
-        if len(pieces) < 3 or pieces[-3].lower() not in {folder.name.lower(), domain.id.lower()}:
+        if len(pieces) < 3 or folder_key(pieces[-3]) not in {folder_key(folder.name), folder_key(domain.id)}:
             raise MpiflError(f"{where} names {name!r}, not a file of domain folder '{folder.name}'; use the "
                              f"lists that belong to {folder}")
-        cls, file = pieces[-2], pieces[-1]
+        cls, file = names.resolve(pieces[-2]) or pieces[-2], pieces[-1]
         if cls not in class_index:
             if spec.subset:
                 continue
@@ -304,13 +333,44 @@ def _read_list(spec: FolderSpec, path: Path, domain: Domain, folder: Path, tree:
     return rows
 
 
+def _class_names(spec: FolderSpec, trees: dict) -> Aliases:
+    """The spec's class names, or for discovered classes the folder names found, one per
+    :func:`folder_key`: the spelling most domains use (ties: the first in sorted order)."""
+    if spec.fixed_class_names is not None:
+        return spec.fixed_class_names
+    spellings: dict[str, Counter] = {}
+    for tree in trees.values():
+        for name in {n for split_tree in tree.values() for n in split_tree}:
+            spellings.setdefault(folder_key(name), Counter())[name] += 1
+    chosen = {}
+    for counts in spellings.values():
+        best = min(counts, key=lambda n: (-counts[n], n))
+        chosen[best] = tuple(counts)
+    return Aliases(dict(sorted(chosen.items())))
+
+
+def _canonical_tree(spec: FolderSpec, names: Aliases, domain_id: str, folder: Path, tree: dict,
+                    mapped: dict) -> dict:
+    """``tree`` keyed by canonical class names; a folder matching no class is an error (skipped for a
+    subset), two folders of one class too."""
+    renamed: dict = {}
+    for name, paths in tree.items():
+        canonical = names.resolve(name)
+        if canonical is None:
+            if spec.subset:
+                continue
+            raise MpiflError(f"unknown class folder '{name}' in {folder} (domain {domain_id}); {spec.name} "
+                             f"accepts {names.accepted()} ({MATCHING}): rename or remove it")
+        if canonical in renamed:
+            raise MpiflError(f"two folders for class {canonical} in {folder}: '{renamed[canonical][0]}' and "
+                             f"'{name}'; keep one")
+        renamed[canonical] = (name, paths)
+        if name != canonical:
+            mapped[f"class folder '{name}' -> {canonical}"] = None
+    return {c: paths for c, (_, paths) in renamed.items()}
+
+
 def _check_classes(spec: FolderSpec, domain_id: str, folder: Path, tree: dict, classes: list) -> None:
-    wanted = set(classes)
-    if spec.classes is not None and not spec.subset:
-        unknown = sorted(set(tree) - wanted)
-        if unknown:
-            raise MpiflError(f"unknown class folder '{unknown[0]}' in {folder} (domain {domain_id}); "
-                             f"{spec.name} has classes {', '.join(classes)}: remove or rename it")
     if not spec.allow_missing_classes:
         for cls in classes:
             if not tree.get(cls):
@@ -328,15 +388,25 @@ def _merge(trees) -> dict:
     return merged
 
 
-def scan_source(spec: FolderSpec, src) -> tuple[list[str], list[DomainPlan]]:
-    """Check ``src`` against ``spec``; return the class list and each domain's split rows."""
+def scan_source(spec: FolderSpec, src, log: Callable[[str], None] | None = None
+                ) -> tuple[list[str], list[DomainPlan]]:
+    """Check ``src`` against ``spec``; return the class list and each domain's split rows.
+
+    ``log`` receives each folder name mapped to a canonical name, once.
+    """
     src = Path(src)
     if not src.is_dir():
         raise MpiflError(f"source folder {src} does not exist; pass --src DIR holding {spec.layout}")
-    folders = _domain_folders(spec, src)
+    mapped: dict = {}  # the mapping messages, in order, once each
+    folders = _domain_folders(spec, src, mapped)
     layouts = {d: _split_dir_layout(f) if spec.split_dirs else None for d, f in folders.items()}
     trees = {d: ({s: _scan_classes(p) for s, p in layouts[d].items()} if layouts[d]
                  else {"all": _scan_classes(f)}) for d, f in folders.items()}
+    names = _class_names(spec, trees)
+    trees = {d: {s: _canonical_tree(spec, names, d, layouts[d][s] if layouts[d] else folders[d], tree, mapped)
+                 for s, tree in t.items()} for d, t in trees.items()}
+    for line in mapped:
+        (log or (lambda line: None))(f"{spec.name}: {line}")
     # the classes a domain holds: its class folders, or those of its split folders ('full' only
     # counts when there are no train/test folders)
     merged = {d: _merge(tree for s, tree in t.items() if s != "full" or "train" not in t)
@@ -357,7 +427,7 @@ def scan_source(spec: FolderSpec, src) -> tuple[list[str], list[DomainPlan]]:
     for plan in plans:
         d = plan.domain.id
         if listed:
-            _plan_from_lists(spec, plan, listed[d], trees[d]["all"], index, labels_seen)
+            _plan_from_lists(spec, plan, listed[d], trees[d]["all"], index, names, labels_seen)
         elif layouts[d] and "train" in layouts[d]:
             _plan_from_split_dirs(spec, plan, trees[d], index)
         else:
@@ -395,10 +465,10 @@ def _lists_present(spec: FolderSpec, src: Path, plans) -> dict | None:
     return found
 
 
-def _plan_from_lists(spec, plan: DomainPlan, files: dict, tree: dict, index: dict, labels_seen) -> None:
+def _plan_from_lists(spec, plan: DomainPlan, files: dict, tree: dict, index: dict, names: Aliases,
+                     labels_seen) -> None:
     d = plan.domain
-    rows = {s: _read_list(spec, path, d, plan.folder, {c: tree.get(c, []) for c in index}
-                          if spec.subset else tree, index, labels_seen)
+    rows = {s: _read_list(spec, path, d, plan.folder, tree, index, names, labels_seen)
             for s, path in files.items()}
     used = {label for split_rows in rows.values() for _, label in split_rows}
     if len(used) != len(index):
@@ -475,7 +545,7 @@ def convert_folders(spec: FolderSpec, src, out, size: int | None = None,
         raise MpiflError(f"image size {size} must be at least 1 pixel; pass --size S with S >= 1")
     check_target(out / spec.name, src)
     started = time.monotonic()
-    classes, plans = scan_source(spec, src)
+    classes, plans = scan_source(spec, src, log)
     total = sum(len(r) for p in plans for r in p.rows.values())
     log(f"{spec.name}: {len(plans)} domains, {len(classes)} classes, {total} images; {plans[0].rule}")
     domains = [ListedDomain(p.domain.id, f"{spec.title}, domain folder '{p.folder.name}' of "

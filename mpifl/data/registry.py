@@ -51,6 +51,15 @@ DEFAULT_MODELS = {
 }
 
 
+#: ``--input-norm fixed``: the constant (mean, std) per channel a dataset's reference code normalizes with.
+FIXED_NORMALIZATION = {
+    # FedBN's Digits-Five code: Normalize(0.5, 0.5) on [0, 1] pixels (styledigits stands in for Digits-Five)
+    GENERATED_NAME: ([0.5] * 3, [0.5] * 3), "digits": ([0.5] * 3, [0.5] * 3),
+    # FedBN's Office-Caltech-10 and DomainNet code: ToTensor() only, so [0, 1] pixels
+    "office_caltech": ([0.0] * 3, [1.0] * 3), "domainnet10": ([0.0] * 3, [1.0] * 3),
+}
+
+
 def default_model(dataset: str) -> str:
     """``--model auto``: the dataset's usual network (smallcnn for a dataset mpifl does not know)."""
     return DEFAULT_MODELS.get(dataset, "smallcnn")

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from .. import __version__
 from ..algorithms import ALGORITHMS, all_options, get_algorithm
+from ..client.normalize import resolve_input_norm
 from ..data import KNOWN_DATASETS, default_data_root, default_model, ensure_dataset
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
@@ -69,11 +70,18 @@ _HELP = {
     "fraction": "fraction C of clients sampled per round (at least one), seeded",
     "holdout": "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images with the global "
                "model; 'all' runs every fold in turn",
+    "input_norm": "input normalization with --aug none: auto (the default: imagenet with --pretrained, else "
+                  "pooled), pooled (mean/std over the train images of every domain in the dataset), domain (each domain's own train mean/std), fixed (the dataset's "
+                  "reference-code constants: 0.5/0.5 Digits-Five, 0/1 Office-Caltech-10 and DomainNet-10, as "
+                  "FedBN's code) or imagenet (ImageNet mean/std, for pre-trained backbones)",
     "aug": "input normalization plug-in for any algorithm: none (dataset normalization), norm (each client's own "
            "channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in training, own at test), "
            "fedrdn-v (all clients' average)",
     "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
                 "sample (one client's pair per image, the paper's eq. 7)",
+    "aug_stats": "images a client's own statistics (--aug norm/fedrdn/fedrdn-v) are computed on: augmented (one "
+                 "pass through --train-transforms, as the authors' code computes them through its training "
+                 "loader) or raw (the stored training images)",
     "train_transforms": "training augmentations, in batch on the device: comma list of flip, rotate (+-30 deg, "
                         "FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation 0.4), "
                         "jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none",
@@ -162,6 +170,7 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
         cfg.data_root = str(default_data_root())
     check(cfg)
     cfg.schedule_rounds = cfg.horizon  # stored in config.json: a resume with other --rounds keeps the schedules
+    cfg.input_norm = resolve_input_norm(cfg.input_norm, cfg.pretrained)
     if cfg.model == "auto":
         cfg.model = default_model(cfg.data)
     if cfg.model not in MODEL_NAMES:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..client.normalize import AUGMENTATIONS, DRAWS
+from ..client.normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 from ..errors import MpiflError
 from ..client.transforms import TRANSFORMS, parse
 
@@ -70,8 +70,10 @@ class RunConfig:
     percent: float = 1.0
     fraction: float = 1.0
     holdout: str | None = None
+    input_norm: str = "auto"  # build_config stores the mode it resolves to
     aug: str = "none"
     aug_draw: str = "batch"
+    aug_stats: str = "augmented"
     train_transforms: str = "none"
     seed: int = 0
     eval_every: int = 1
@@ -205,10 +207,12 @@ def check(cfg: RunConfig) -> None:
         (cfg.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
         (cfg.precision in ("fp32", "bf16", "fp16"), "--precision must be fp32, bf16 or fp16"),
         (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
+        (cfg.input_norm in INPUT_NORMS, f"--input-norm must be one of {', '.join(INPUT_NORMS)}"),
         (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
         (all(t in TRANSFORMS for t in parse(cfg.train_transforms)),
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
         (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
+        (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),
     ]
     for ok, message in rules:
         if not ok:

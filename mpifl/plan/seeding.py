@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE = 1, 2, 3, 4, 5
+_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS = 1, 2, 3, 4, 5, 6
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
@@ -43,6 +43,11 @@ def personalization_seeds(seed: int, client: int, round_index: int) -> tuple[np.
     (``Algorithm.personalize``): a stream of its own, so evaluating never shifts training's draws."""
     sequence = _sequence(seed, _PERSONALIZE, client, round_index)
     return np.random.default_rng(sequence), int(sequence.generate_state(1, np.uint64)[0] >> 1)
+
+
+def statistics_rng(seed: int, client: int) -> np.random.Generator:
+    """numpy generator for the augmentations of one client's pass computing its own statistics (FedRDN)."""
+    return np.random.default_rng(_sequence(seed, _STATISTICS, client))
 
 
 def partition_rng(seed: int, domain_index: int) -> np.random.Generator:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, get_algorithm
-from ..client.normalize import InputNormalization
+from ..client.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
 from ..models import PretrainedLoad, build_model, load_pretrained, state_entries
@@ -91,6 +91,8 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
             raise MpiflError(f"client {client.id} of domain {client.domain} gets none of the domain's "
                              f"{manifest.split_sizes(client.domain)['train']} training images, split among {shared} "
                              f"clients; {cause}give the domain fewer clients (--clients-per-domain, --num-clients)")
+    cfg.input_norm = resolve_input_norm(cfg.input_norm, cfg.pretrained)  # a RunConfig built in code, too
+    check_input_norm(cfg.input_norm, manifest)
     algo_cls = get_algorithm(cfg.algo)
     seed_model_init(cfg.seed)
     model = _model(cfg, manifest, algo_cls)
@@ -104,7 +106,7 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                          "--algo")
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
     return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels), pretrained=pretrained)
+                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed), pretrained=pretrained)
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:

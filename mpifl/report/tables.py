@@ -14,6 +14,12 @@ Leave-one-domain-out configurations (``--holdout``) have one row per
 held-out domain: the global model's accuracy on that domain in the fold that
 held it out, the protocol of gPerXAN Table 2; ``mean`` is the mean over the
 held-out domains.
+
+When our domains and the paper's differ (a run on 3 of the paper's 5
+domains), the means are not comparable: the ``mean`` row then carries no
+paper number, and a row ``mean (in common)`` compares our per-seed mean over
+the domains both have with the paper's mean recomputed from its per-domain
+numbers over those domains; a note names them.
 """
 
 from __future__ import annotations
@@ -211,10 +217,32 @@ def _attach(table: GroupTable, paper: PaperResult, ours_domains: set[str]) -> No
     for row in table.rows:
         if row.domain in paper.acc:
             row.paper, row.paper_std = paper.acc[row.domain], paper.std.get(row.domain)
+    ours_only = ours_domains - {"mean"}
+    common = [d for d in paper.domains if d in ours_only]
+    if common and set(common) != set(paper.domains) | ours_only:
+        _common_mean(table, paper, common, len(ours_only))
+        return
     missing = [d for d in paper.acc if d not in ours_domains]
     if missing:
         table.notes.append(f"the paper's domains {', '.join(missing)} are not among this run's domains "
                            f"({', '.join(sorted(ours_domains - {'mean'}))}): another dataset?")
+
+
+COMMON_MEAN = "mean (in common)"
+
+
+def _common_mean(table: GroupTable, paper: PaperResult, common: list[str], n_ours: int) -> None:
+    """Compare means over the domains both have: ours per seed, the paper's from its per-domain numbers."""
+    rows = [table.row(d) for d in common]
+    mean_row = table.row("mean")
+    mean_row.paper = mean_row.paper_std = None
+    table.rows.append(Row(COMMON_MEAN, last=[float(np.mean(v)) for v in zip(*(r.last for r in rows))],
+                          best=[float(np.mean(v)) for v in zip(*(r.best for r in rows))],
+                          paper=float(np.mean([paper.acc[d] for d in common]))))
+    theirs = f" ({paper.acc['mean']:.2f})" if "mean" in paper.acc else ""
+    table.notes.append(f"{COMMON_MEAN} is the mean over the {len(common)} domains in common: {', '.join(common)}; "
+                       f"the paper's mean{theirs} is over its {len(paper.domains)} domains and ours ('mean') over "
+                       f"{n_ours}, so those two are not compared")
 
 
 # ----------------------------------------------------------------------------------------- formatting
@@ -295,6 +323,8 @@ def _comparisons(tables: list[GroupTable]) -> list[str]:
     for name, preset in presets.items():
         compared = [t for t in tables if t.preset and t.preset.name == name and t.paper]
         domains = list(dict.fromkeys(d for t in compared for d in t.paper.acc if d != "mean")) + ["mean"]
+        if any(t.row(COMMON_MEAN) for t in compared):
+            domains.append(COMMON_MEAN)
         when = "the best-validation round (--select-by)" if preset.selection == "best" else "the last round"
         lines += [f"## {preset.title} — ours beside the paper", "",
                   f"{preset.citation}; ours at {when}, mean over seeds; difference = ours − paper "
@@ -306,7 +336,7 @@ def _comparisons(tables: list[GroupTable]) -> list[str]:
                 row = table.row(domain)
                 value = ours(row, preset.selection) if row else float("nan")
                 ours_cells.append(f"{value:.2f}" if math.isfinite(value) else "–")
-                paper_value = table.paper.acc.get(domain)
+                paper_value = row.paper if row and row.paper is not None else table.paper.acc.get(domain)
                 paper_cells.append("–" if paper_value is None else f"{paper_value:.2f}")
                 delta = diff(row, preset.selection) if row else None
                 diff_cells.append(_fmt_diff(delta))

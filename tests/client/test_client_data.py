@@ -1,11 +1,18 @@
-"""A client rank reads only its own clients' domains and rows."""
+"""A client rank reads only its own clients' domains and rows, normalized as --input-norm says."""
+
+import dataclasses
+import shutil
 
 import numpy as np
+import pytest
 import torch
 
 import mpifl.client.client_data as client_data
 from mpifl.plan.clients import make_clients
+from mpifl.client.normalize import check_input_norm
 from mpifl.data import ensure_dataset
+from mpifl.data.manifest import build_manifest
+from mpifl.errors import MpiflError
 
 
 def test_a_rank_opens_only_the_shards_of_the_domains_it_hosts(data_root, monkeypatch):
@@ -63,14 +70,63 @@ def test_streamed_evaluation_equals_resident_including_a_held_out_domain(data_ro
     assert sum(len(c) for c in chunks) == 1100
 
 
-def test_pretrained_inputs_use_imagenet_mean_and_std_else_the_datasets(data_root):
+# ------------------------------------------------------------------ --input-norm
+
+
+def _build(data_root, tmp_path, name: str, domains) -> tuple:
+    """(root, manifest) of a copy of styledigits holding only ``domains``, its manifest pooled over them (as a
+    converter writes it)."""
+    ensure_dataset(data_root, "styledigits")
+    root = tmp_path / name
+    (root / "styledigits").mkdir(parents=True)
+    for domain in domains:
+        shutil.copy(data_root / "styledigits" / f"{domain}.h5", root / "styledigits" / f"{domain}.h5")
+    return root, build_manifest(root, "styledigits", source="test", protocol={})
+
+
+def _mono_inputs(root, manifest, mode: str) -> torch.Tensor:
+    clients = [c for c in make_clients(manifest, 1, seed=0) if c.domain == "mono"]
+    data = client_data.load_client_data(root, manifest, clients, torch.device("cpu"), input_norm=mode)
+    return next(data[clients[0].id].eval_batches("train", 1000))[0]
+
+
+@pytest.fixture(scope="module")
+def builds(data_root, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("builds")
+    return (_build(data_root, tmp_path, "two", ["mono", "street"]),
+            _build(data_root, tmp_path, "three", ["mono", "paper", "texture"]))
+
+
+def test_a_domains_inputs_do_not_depend_on_the_other_domains_under_domain_and_fixed(builds):
+    two, three = builds
+    assert not torch.allclose(_mono_inputs(*two, "pooled"), _mono_inputs(*three, "pooled"))  # today's rule
+    for mode in ("domain", "fixed", "imagenet"):
+        assert torch.equal(_mono_inputs(*two, mode), _mono_inputs(*three, mode)), mode
+    x = _mono_inputs(*two, "domain").double()  # all 800 train images: the domain's own train statistics
+    assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(3, dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(x.std(dim=(0, 2, 3), unbiased=False), torch.ones(3, dtype=torch.float64), atol=1e-4)
+    with client_data.open_shard(*two, "mono") as shard:
+        pixels = torch.from_numpy(shard.load("train")[0].transpose(0, 3, 1, 2)).double()
+    assert torch.allclose(_mono_inputs(*two, "fixed").double(), (pixels / 255 - 0.5) / 0.5, atol=1e-5)
+    imagenet = (pixels / 255 - torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1).double()) \
+        / torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1).double()
+    assert torch.allclose(_mono_inputs(*two, "imagenet").double(), imagenet, atol=1e-5)
+
+
+def test_a_held_out_domain_uses_its_own_train_statistics_under_domain(builds):
+    root, manifest = builds[0]
+    client = [c for c in make_clients(manifest, 1, seed=0, holdout="street") if c.domain == "street"]
+    data = client_data.load_client_data(root, manifest, client, torch.device("cpu"), input_norm="domain")
+    scale, shift = data[client[0].id].normalizer.eval()
+    with client_data.open_shard(root, manifest, "street") as shard:
+        mean, std = torch.from_numpy(shard.mean), torch.from_numpy(shard.std)
+    assert torch.allclose(scale.flatten().double(), 1 / (255 * std), rtol=1e-6)
+    assert torch.allclose(shift.flatten().double(), -mean / std, rtol=1e-6)
+
+
+def test_input_norm_a_dataset_cannot_use_is_a_one_line_error(data_root):
     manifest = ensure_dataset(data_root, "styledigits")
-    clients = [c for c in make_clients(manifest, 1, seed=0) if c.domain == "street"]
-    for pretrained, mean, std in ((True, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-                                  (False, manifest.normalize["mean"], manifest.normalize["std"])):
-        data = client_data.load_client_data(data_root, manifest, clients, torch.device("cpu"),
-                                            pretrained=pretrained)[clients[0].id]
-        x, _ = next(data.eval_batches("val", 4))
-        pixels = data.images["val"].pixels[:4].double() / 255
-        expected = (pixels - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
-        assert torch.allclose(x.double(), expected, atol=1e-5)
+    with pytest.raises(MpiflError, match="no fixed constants are known for dataset pacs"):
+        check_input_norm("fixed", dataclasses.replace(manifest, name="pacs"))
+    with pytest.raises(MpiflError, match="needs RGB images; styledigits has 1 channel"):
+        check_input_norm("imagenet", dataclasses.replace(manifest, channels=1))

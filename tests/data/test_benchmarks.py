@@ -227,6 +227,111 @@ def test_office_caltech_default_size_and_split(tmp_path):
     assert len(sources) == 200
 
 
+def _labels_by_image(root, name: str, sources: dict) -> dict:
+    """Source path -> the class name its shard row carries (every row must be one source image)."""
+    manifest = DatasetManifest.load(root, name)
+    by_bytes = {pixels.tobytes(): path for path, pixels in sources.items()}
+    found = {}
+    for domain in manifest.domains:
+        with Shard(manifest.shard_path(root, domain)) as shard:
+            for split in SPLITS:
+                images, labels = shard.load(split)
+                found.update({by_bytes[i.tobytes()]: manifest.classes[k] for i, k in zip(images, labels)})
+    return found
+
+
+def test_office_caltech_folder_name_variants_map_to_fedbn_names_and_are_logged_once(tmp_path):
+    src = tmp_path / "src"
+    usual = {c: c for c in OFFICE_CALTECH.classes}
+    variants = {  # the shared copy's names, separators and case, Caltech-256's numbered folders
+        "amazon": usual | {"back_pack": "backpack", "laptop_computer": "laptop"},
+        "Caltech-10": usual | {"back_pack": "003.backpack", "laptop_computer": "127.laptop-101",
+                               "mug": "041.coffee-mug", "headphones": "101.head-phones"},
+        "DSLR": usual | {"back_pack": "Back-Pack", "laptop_computer": "Laptop Computer"},
+        "webcam": usual | {"back_pack": "backpack", "laptop_computer": "laptop"}}
+    layout = {d: {folder: 3 for folder in names.values()} for d, names in variants.items()}
+    sources = make_tree(src, layout, seed=5)
+    lines = []
+    manifest = convert_folders(OFFICE_CALTECH, src, tmp_path / "out", size=8, log=lines.append)
+    assert manifest.domains == ["amazon", "caltech", "dslr", "webcam"]
+    assert manifest.classes == list(OFFICE_CALTECH.classes)
+    canonical = {(d, folder): c for d, names in variants.items() for c, folder in names.items()}
+    labels = _labels_by_image(tmp_path / "out", "office_caltech", sources)
+    assert labels == {p: canonical[p.parent.parent.name, p.parent.name] for p in sources}
+    mapped = [line for line in lines if "->" in line]
+    assert mapped == ["office_caltech: domain folder 'Caltech-10' -> caltech",
+                      "office_caltech: domain folder 'DSLR' -> dslr",
+                      "office_caltech: class folder 'backpack' -> back_pack",
+                      "office_caltech: class folder 'laptop' -> laptop_computer",
+                      "office_caltech: class folder '003.backpack' -> back_pack",
+                      "office_caltech: class folder '041.coffee-mug' -> mug",
+                      "office_caltech: class folder '101.head-phones' -> headphones",
+                      "office_caltech: class folder '127.laptop-101' -> laptop_computer",
+                      "office_caltech: class folder 'Back-Pack' -> back_pack",
+                      "office_caltech: class folder 'Laptop Computer' -> laptop_computer"]
+
+
+def test_a_folder_name_matching_nothing_is_refused_with_the_accepted_names(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {d: {c: 1 for c in OFFICE_CALTECH.classes} for d in ("amazon", "caltech", "dslr")}, seed=6)
+    make_tree(src, {"webcam": {c: 1 for c in OFFICE_CALTECH.classes[1:] + ("rucksack",)}}, seed=7)
+    with pytest.raises(MpiflError) as excinfo:
+        convert_folders(OFFICE_CALTECH, src, tmp_path / "out", size=8)
+    assert_user_error(excinfo, "unknown class folder 'rucksack'", "domain webcam",
+                      "laptop_computer (or laptop, laptop_101)", "'-', '_'")
+    assert_nothing_left(tmp_path / "out")
+    (src / "webcam" / "rucksack").rename(src / "webcam" / "back_pack")
+    make_tree(src, {"webcam": {"Backpack": 1}}, seed=8)  # two folders of one class
+    with pytest.raises(MpiflError) as excinfo:
+        convert_folders(OFFICE_CALTECH, src, tmp_path / "out", size=8)
+    assert_user_error(excinfo, "two folders for class back_pack", "'Backpack'", "'back_pack'")
+    shutil.rmtree(src / "webcam" / "Backpack")
+    (src / "webcam").rename(src / "web-cams")
+    with pytest.raises(MpiflError) as excinfo:
+        convert_folders(OFFICE_CALTECH, src, tmp_path / "out", size=8)
+    assert_user_error(excinfo, "unknown domain folder 'web-cams'", "caltech (or caltech10, caltech256)")
+
+
+def test_pacs_domain_and_class_variants_in_folders_and_lists(tmp_path):
+    src = tmp_path / "src"
+    sources = pacs_tree(src)
+    expected = pacs_lists(src)  # the lists name art_painting/dog/...
+    (src / "art_painting").rename(src / "Art-Painting")
+    (src / "photo" / "dog").rename(src / "photo" / "Dog")
+    sources = {Path(str(p).replace("art_painting", "Art-Painting").replace("photo/dog", "photo/Dog")): v
+               for p, v in sources.items()}
+    lines = []
+    manifest = convert_folders(PACS, src, tmp_path / "out", size=8, log=lines.append)
+    assert manifest.domains == list(PACS_DOMAINS) and manifest.classes == list(PACS.classes)
+    assert "pacs: domain folder 'Art-Painting' -> art_painting" in lines
+    assert "pacs: class folder 'Dog' -> dog" in lines
+    labels = _labels_by_image(tmp_path / "out", "pacs", sources)
+    assert {p: c for p, c in labels.items()} == {p: p.parent.name.lower() for p in sources}
+    assert sum(manifest.splits["photo"].values()) == sum(len(v) for v in expected["photo"].values())
+
+
+def test_discovered_class_spellings_are_one_class_named_as_most_domains_spell_it(tmp_path):
+    src = tmp_path / "src"
+    spelling = {"Art": "Alarm_Clock", "Clipart": "alarm clock", "Product": "Alarm_Clock",
+                "Real World": "Alarm-Clock"}
+    sources = make_tree(src, {f: {name: 2, "Backpack": 2} for f, name in spelling.items()}, seed=4)
+    lines = []
+    manifest = convert_folders(dataclasses.replace(OFFICEHOME, num_classes=2), src, tmp_path / "out", size=8,
+                               log=lines.append)
+    assert manifest.classes == ["Alarm_Clock", "Backpack"]
+    labels = _labels_by_image(tmp_path / "out", "officehome", sources)
+    assert {p: c for p, c in labels.items()} == {
+        p: "Backpack" if p.parent.name == "Backpack" else "Alarm_Clock" for p in sources}
+    assert [line for line in lines if "class folder" in line] == [
+        "officehome: class folder 'alarm clock' -> Alarm_Clock",
+        "officehome: class folder 'Alarm-Clock' -> Alarm_Clock"]
+
+
+def test_a_spec_whose_names_clash_is_a_programming_error():
+    with pytest.raises(ValueError, match="'Back-Pack' would match both"):
+        dataclasses.replace(OFFICE_CALTECH, class_aliases={"bike": ("Back-Pack",)})
+
+
 def test_officehome_real_world_folder_becomes_real_world(tmp_path):
     src = tmp_path / "src"
     folders = {"art": "Art", "clipart": "Clipart", "product": "Product", "real_world": "Real World"}

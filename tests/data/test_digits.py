@@ -167,6 +167,44 @@ def test_all_five_raw_domains_exact(tmp_path):
     _check_exact(_read(out, "mnistm"), mnistm)
 
 
+def test_loose_files_in_src_and_alternative_names_are_accepted(tmp_path):
+    src = tmp_path / "src"
+    usps = write_usps(src)  # --src/usps.h5
+    svhn = write_mat(src, "")  # --src/{train,test}_32x32.mat, as torchvision stores SVHN
+    mnistm = write_mnistm(src)  # --src/mnist_m_{train,test}/ and their label lists
+    mnist = write_mnist(src / "Mnist", compress=False)
+    for path in (src / "Mnist").iterdir():  # the unpacked names some mirrors use: train-images.idx3-ubyte
+        path.rename(path.with_name(path.name.replace("-idx", ".idx").upper()))
+    synth = write_mat(src / "Synth-Digits" / "raw", "synth_", seed=5)
+    lines, log = _log()
+    m = prepare_digits(src, tmp_path / "out", log=log)
+    assert m.domains == sorted(DOMAINS)
+    out = tmp_path / "out"
+    _check_exact(_read(out, "usps"), [(_rgb(np.stack([_resize(i, 28) for i in x])), y) for x, y in usps])
+    for domain, parts in (("svhn", svhn), ("synth", synth)):
+        _check_exact(_read(out, domain), [(np.stack([_resize(i, 28) for i in x]), y) for x, y in parts])
+    _check_exact(_read(out, "mnist"), [(_rgb(x), y) for x, y in mnist])
+    _check_exact(_read(out, "mnistm"), mnistm)
+    assert [line for line in lines if "found" not in line and ("->" in line or "from" in line)] == [
+        "digits: domain folder 'Mnist' -> mnist", "digits: domain folder 'Synth-Digits' -> synth",
+        "digits: svhn from train_32x32.mat in --src", "digits: usps from usps.h5 in --src",
+        "digits: mnistm from mnist_m_train_labels.txt in --src"]
+    with Shard(out / "digits" / "usps.h5") as shard:
+        assert f"files in {src.resolve()}" in shard.source
+
+
+def test_mnistm_inside_its_tarball_folder_and_a_domain_given_twice(tmp_path):
+    src = tmp_path / "src"
+    mnistm = write_mnistm(src / "MNIST-M" / "mnist_m")
+    prepare_digits(src, tmp_path / "out")
+    _check_exact(_read(tmp_path / "out", "mnistm"), mnistm)
+    write_usps(src / "USPS")
+    write_usps(src)
+    with pytest.raises(MpiflError) as e:
+        prepare_digits(src, tmp_path / "again")
+    assert "domain usps is both folder 'USPS' and usps.h5" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_split_is_seeded_stratified_disjoint_and_deterministic(tmp_path):
     src = tmp_path / "src"
     write_mnist(src / "mnist")

@@ -120,6 +120,15 @@ def test_precedence_defaults_preset_config_file_command_line(tmp_path):
     assert json.loads(json.dumps(cfg.to_flat()))["preset"] == "fedwon-t1-office"  # config.json keeps it
 
 
+def test_input_norm_auto_is_imagenet_with_pretrained_weights_else_pooled_and_an_explicit_mode_wins(tmp_path):
+    weights = tmp_path / "w.pt"
+    for argv, expected in (([], "pooled"), (["--pretrained", str(weights)], "imagenet"),
+                           (["--pretrained", str(weights), "--input-norm", "domain"], "domain")):
+        ctx = main.make_context("mpifl.run", argv)
+        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+        assert build_config(ctx, None, params)[0].input_norm == expected  # config.json stores it resolved
+
+
 def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
     ctx = main.make_context("mpifl.run", ["--preset", "gperxan-t2-pacs", "--algo", "scaffold"])
     params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}

@@ -72,7 +72,8 @@ def test_preset_comparison_section_puts_the_papers_table_beside_ours(runs_dir):
     assert "not run: SingleSet, FedProx, FedAvg+GN, FedAvg+LN, SiloBN, FixBN, FedWon" in text
     # the synthetic runs did not keep the preset's settings: the report says so
     assert ("note: this configuration changed the preset's settings, so the paper's numbers are not its target: "
-            "rounds 3 (preset: 100), samples_per_client 0 (preset: 6600), uniform_weights None (preset: True)") in text
+            "input_norm pooled (preset: fixed), rounds 3 (preset: 100), samples_per_client 0 (preset: 6600), "
+            "uniform_weights None (preset: True)") in text
 
 
 def test_csv_has_one_row_per_configuration_kind_and_domain(runs_dir, tmp_path):
@@ -84,6 +85,25 @@ def test_csv_has_one_row_per_configuration_kind_and_domain(runs_dir, tmp_path):
     assert float(row["last_acc_mean"]) == pytest.approx(97.0) and float(row["diff"]) == pytest.approx(0.8)
     assert row["paper_method"] == "FedAvg" and float(row["paper_acc"]) == 96.2 and row["selection"] == "last"
     assert (tmp_path / "out" / "report.md").read_text() == report.markdown
+
+
+def test_a_run_on_some_of_the_papers_domains_compares_means_over_the_domains_in_common(tmp_path):
+    three = {d: SEED0[d] for d in ("mnist", "svhn", "usps")}  # last round: 96, 72, 96
+    write_run(tmp_path / "r", three, [0.5, 0.6, 0.7], algo="fedavg", data="digits", model="digitmodel", rounds=3,
+              preset="fedwon-t1-digits")
+    tables = build_tables(find_runs([tmp_path / "r"]))
+    table = tables[0]
+    common = table.row("mean (in common)")
+    assert common.last == pytest.approx([88.0]) and common.paper == pytest.approx((96.2 + 71.6 + 96.3) / 3)
+    assert table.row("mean").paper is None  # the paper's 5-domain mean is not compared with our 3-domain one
+    text = markdown(tables)
+    assert "| mean (in common) | 88.00 | 88.00 | 88.03 | -0.03 |" in text
+    assert "| mean | 88.00 | 88.00 | – | – |" in text
+    assert ("note: mean (in common) is the mean over the 3 domains in common: mnist, svhn, usps; the paper's mean "
+            "(86.50) is over its 5 domains and ours ('mean') over 3, so those two are not compared") in text
+    assert "| method | | mnist | svhn | usps | synth | mnistm | mean | mean (in common) |" in text
+    assert "| | paper | 96.20 | 71.60 | 96.30 | 86.00 | 82.50 | 86.50 | 88.03 |" in text
+    assert "| | difference | -0.20 | +0.40 | -0.30 | – | – | – | -0.03 |" in text
 
 
 def test_runs_without_preset_have_no_paper_columns_unless_one_is_given(tmp_path):
