@@ -84,9 +84,8 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
     return (x * weights[None, :, None, None]).sum(dim=1, keepdim=True)
 
 
-def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    factors = torch.as_tensor(rng.uniform(1 - JITTER, 1 + JITTER, size=(3, len(x))), dtype=x.dtype,
-                              device=x.device)[:, :, None, None, None]
+def _color(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness, contrast, then (RGB only) saturation, by per-image factors (3, N, 1, 1, 1)."""
     brightness, contrast, saturation = factors
     x = (x * brightness).clamp(0, 255)
     mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
@@ -95,6 +94,12 @@ def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         gray = _gray(x)
         x = ((x - gray) * saturation + gray).clamp(0, 255)
     return x
+
+
+def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    factors = torch.as_tensor(rng.uniform(1 - JITTER, 1 + JITTER, size=(3, len(x))), dtype=x.dtype,
+                              device=x.device)[:, :, None, None, None]
+    return _color(x, factors)
 
 
 def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -119,13 +124,9 @@ def jitter_hue(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     factors = torch.as_tensor(rng.uniform(1 - strength, 1 + strength, size=(3, n)), dtype=x.dtype,
                               device=x.device)[:, :, None, None, None]
     shifts = torch.as_tensor(rng.uniform(-hue, hue, size=n), dtype=x.dtype, device=x.device)
-    brightness, contrast, saturation = factors
-    out = (x * brightness).clamp(0, 255)
-    mean = _gray(out).mean(dim=(1, 2, 3), keepdim=True)
-    out = ((out - mean) * contrast + mean).clamp(0, 255)
+    out = _color(x, factors)
     if x.shape[1] == 3:
-        gray = _gray(out)
-        out = _hue_shift(((out - gray) * saturation + gray).clamp(0, 255), shifts).clamp(0, 255)
+        out = _hue_shift(out, shifts).clamp(0, 255)
     return torch.where(picked[:, None, None, None], out, x)
 
 

@@ -23,7 +23,8 @@ def _seed1():
 @pytest.fixture
 def runs_dir(tmp_path):
     """Two seeds of FedAvg under preset fedwon-t1-digits, one FedAvg with another lr, one FedBN (personal)."""
-    common = dict(algo="fedavg", data="digits", model="fedwon-cnn", rounds=3, preset="fedwon-t1-digits")
+    common = dict(algo="fedavg", data="digits", model="fedwon-cnn", rounds=3, preset="fedwon-t1-digits",
+                  input_norm="pooled")  # as a run stores it, resolved
     write_run(tmp_path / "runs" / "fedavg-s0", SEED0, [0.5, 0.9, 0.8], seed=0, lr=0.1, **common)
     write_run(tmp_path / "runs" / "fedavg-s1", _seed1(), [0.5, 0.6, 0.7], seed=1, lr=0.1, device="cpu",
               threads=2, **common)
