@@ -67,7 +67,11 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
             _err(f"mpifl: warning: {warning}")
         if show_manifest:
             from .cli import manifest_text
-            print(manifest_text(cfg))
+            try:
+                print(manifest_text(cfg))
+            except MpiflError as exc:  # the data or the model, found when the session is built
+                _err(f"mpifl: error: {exc}")
+                sys.exit(exc.exit_code)
     if show_manifest:
         return
     if comm is not None:

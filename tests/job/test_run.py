@@ -95,6 +95,12 @@ def test_show_manifest_lists_the_wire_tensors(data_root):
     assert "download (server -> client): 0 tensors, 0 bytes" in single.stdout
 
 
+def test_show_manifest_of_absent_data_is_one_line(tmp_path):
+    job = run_here("--data", "pacs", "--data-root", str(tmp_path), "--show-manifest")
+    assert job.returncode == 2 and job.stdout == ""
+    assert job.stderr.startswith("mpifl: error: dataset 'pacs' not found") and len(job.stderr.splitlines()) == 1
+
+
 def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1"))
     assert job.returncode == 0, job.stderr
