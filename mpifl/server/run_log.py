@@ -139,11 +139,12 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def last_mean_acc(self) -> float | None:
+    def last_mean_acc(self) -> tuple[int | None, float | None]:
+        """(round, mean test accuracy) of the newest evaluated round; (None, None) before the first."""
         for record in reversed(self.records):
             if "eval" in record:
-                return record["eval"][self.kinds[0]]["test"]["mean"]["acc"]
-        return None
+                return record["round"], record["eval"][self.kinds[0]]["test"]["mean"]["acc"]
+        return None, None
 
     def write_summary(self) -> list[dict]:
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection)

@@ -48,9 +48,10 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
             metrics.resume(resumed.round, resumed.pending,
                            evaluated=RoundProtocol(session).evaluates_round(resumed.round))
 
-        def on_round(r: int, acc: float | None) -> None:
+        def on_round(r: int, evaluated: int | None, acc: float | None) -> None:
             progress.update(r, acc)
-            log_file.write(f"round {r}: mean test acc {acc}\n")
+            log_file.write(f"round {r}: " + ("not evaluated yet\n" if evaluated is None else
+                                             f"mean test acc {acc:.4f} (round {evaluated})\n"))
             log_file.flush()
 
         server = Server(session, comm, metrics, on_round, run_dir, resumed, stop)

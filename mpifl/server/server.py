@@ -44,7 +44,7 @@ class Server:
     """
 
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
-                 on_round: Callable[[int, float | None], None], run_dir: Path,
+                 on_round: Callable[[int, int | None, float | None], None], run_dir: Path,
                  resumed: Checkpoint | None = None, stop: StopRequest | None = None):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
@@ -90,8 +90,8 @@ class Server:
                 self.log.add_eval(header.evaluate, summarize_eval(evals, self.algo.evaluates, self.session.domain_of,
                                                                   self.session.manifest.domains,
                                                                   self.session.source_domains))
+                self._report_progress(header.evaluate)
             if header.action == FINAL:
-                self._report_progress()
                 break
             aggregated_from = time.perf_counter()
             self.algo.aggregate(self.state, uploads)
@@ -102,12 +102,12 @@ class Server:
                 "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
                 "aggregation": finished - aggregated_from}),
                 awaits_eval=self.protocol.evaluates_round(r))
-            self._report_progress()
+            if not self.protocol.evaluates_round(r):  # an evaluated round is reported when its evaluation arrives
+                self._report_progress(r)
 
-    def _report_progress(self) -> None:
-        """Rounds whose record is complete (an evaluated round completes one message later)."""
-        if self.log.records:
-            self.on_round(self.log.records[-1]["round"], self.log.last_mean_acc())
+    def _report_progress(self, r: int) -> None:
+        """Round r is complete: the progress line and log.txt, with the newest mean test accuracy known."""
+        self.on_round(r, *self.log.last_mean_acc())
 
     def _decode(self, messages: Messages, plan: RoundPlan, segments):
         """Each client rank's report, {client: eval scores}, and the round's uploads in client-id order."""

@@ -63,6 +63,16 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
         [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "n2")]  # wire bytes too
 
 
+def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_path):
+    job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--eval-every", "2"))
+    assert job.returncode == 0, job.stderr
+    lines = [l for l in (tmp_path / "r" / "log.txt").read_text().splitlines() if l.startswith("round ")]
+    assert [l.split(":")[0] for l in lines] == ["round 1", "round 2", "round 3"]
+    acc = {r["round"]: r["eval"]["global"]["test"]["mean"]["acc"] for r in read_metrics(tmp_path / "r") if "eval" in r}
+    assert sorted(acc) == [2, 3] and lines[0] == "round 1: not evaluated yet"
+    assert lines[1:] == [f"round {r}: mean test acc {acc[r]:.4f} (round {r})" for r in (2, 3)]
+
+
 def test_singleset_evaluates_personal_models(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2"))
     assert job.returncode == 0, job.stderr

@@ -68,13 +68,14 @@ def test_selection_of_a_run_resolves_auto_to_its_methods_rule():
 
 def test_log_holds_a_round_until_its_evaluation_and_writes_summaries(tmp_path):
     log = MetricsLog(tmp_path, ("global",), ["a"])
+    assert log.last_mean_acc() == (None, None)
     log.add_round({"round": 1}, awaits_eval=True)
     assert not (tmp_path / "metrics.jsonl").exists()
     log.add_eval(1, _record(1, 0.5, 0.25)["eval"])
     log.add_round({"round": 2}, awaits_eval=False)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [l["round"] for l in lines] == [1, 2] and "eval" in lines[0]
-    assert log.last_mean_acc() == 0.25
+    assert log.last_mean_acc() == (1, 0.25)
     log.write_summary()
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert [r["domain"] for r in rows] == ["a", "mean"] and float(rows[0]["last_test_acc"]) == 0.25
