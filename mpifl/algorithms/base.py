@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import MpiflError
 from ..plan.clients import ClientSpec
 from ..plan.config import Option, RunConfig
 from ..plan.optim import build_optimizer, round_lr
@@ -123,6 +124,9 @@ class Algorithm:
     conv: ClassVar[str] = "plain"
     evaluates: ClassVar[tuple[str, ...]] = ("global",)
     selects_by: ClassVar[str] = "val-mean"  # the best-round rule of --select-by auto
+    #: the method's rule assumes each round's local optimizer starts from zero state (FedNova's a_K,
+    #: ``deltas.solver_norm``), so ``--keep-optimizer`` is refused for it
+    fresh_optimizer: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -133,6 +137,10 @@ class Algorithm:
             REGISTRY[name] = cls
 
     def __init__(self, cfg: RunConfig, entries: list[StateEntry]):
+        if self.fresh_optimizer and cfg.keep_optimizer:
+            raise MpiflError(f"--keep-optimizer: {self.name} divides by the distance K local steps move from a "
+                             "fresh optimizer (FedNova's a_K), which kept momentum or Adam moments make wrong; "
+                             "drop --keep-optimizer")
         self.cfg = cfg
         self.entries = entries
         self.phase = 0

@@ -97,6 +97,7 @@ RULES = ("code", "paper")
 
 class FedDC(FedAvg):
     name = "feddc"
+    fresh_optimizer = True  # a_K (deltas.solver_norm) assumes zero momentum at each round's start
     summary = "FedDC: private drift h_i penalizes theta + h_i - w, gradient correction; theta_i + h_i sent up"
     options = FedAvg.options + (
         ALPHA,

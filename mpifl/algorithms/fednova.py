@@ -45,6 +45,7 @@ from .fedavg import FedAvg
 
 class FedNova(FedAvg):
     name = "fednova"
+    fresh_optimizer = True  # a_K (deltas.solver_norm) assumes zero momentum at each round's start
     summary = "FedNova: client updates normalized by their local step counts (momentum-aware), then averaged"
 
     def __init__(self, cfg, entries):

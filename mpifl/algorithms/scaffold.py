@@ -70,6 +70,7 @@ C_GLOBAL, C_LOCAL, DELTA_C = "scaffold.c_global/", "scaffold.c_local/", "scaffol
 
 class Scaffold(FedAvg):
     name = "scaffold"
+    fresh_optimizer = True  # a_K (deltas.solver_norm) assumes zero momentum at each round's start
     summary = "SCAFFOLD: server variate c sent down, client variates c_i kept, Delta c_i sent up, corrected local steps"
     options = FedAvg.options + (SERVER_LR,)
 

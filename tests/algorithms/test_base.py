@@ -81,3 +81,14 @@ def test_registry_and_unknown_name():
     assert {"fedavg", "fedprox", "singleset"} <= set(ALGORITHMS)
     with pytest.raises(MpiflError, match="unknown algorithm 'fedsgd'.*fedavg"):
         get_algorithm("fedsgd")
+
+
+def test_keep_optimizer_is_refused_where_the_rule_assumes_a_fresh_optimizer():
+    fresh = sorted(name for name in ALGORITHMS if get_algorithm(name).fresh_optimizer)
+    assert fresh == ["feddc", "fednova", "scaffold"]
+    kept = {"keep_optimizer": True, "momentum": 0.9}
+    for name in fresh:
+        with pytest.raises(MpiflError, match="--keep-optimizer: .*a_K.*drop --keep-optimizer"):
+            make_algo(name, kept)
+        make_algo(name, {"momentum": 0.9})
+    make_algo("fedavg", kept)
