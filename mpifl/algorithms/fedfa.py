@@ -19,16 +19,19 @@ samples around them, with a variance built from the client's mini-batch
   paper's Algorithm 1, line 5 (nothing extra sent down).
 * **Server**: the model is averaged as in FedAvg (every entry but BN step
   counters, sample-count weights or ``--uniform-weights``; the authors'
-  code averages the whole state).  For each FFA layer and channel, the
-  variance over the round's participants of their ``mu_bar`` and of their
-  ``sigma_bar`` (1/K, unweighted, in float64, client order) gives the
-  client-sharing statistic variances (line 13), sent down in the FFA
-  layers' buffers ``fedfa.<i>.shared_var_mean`` / ``shared_var_std``: model
-  entries sent down but not back (``sends_back``), initially 1.  The
-  adaptive fusion coefficients (line 15) are computed from them in the layer.
-  The authors' code takes ``torch.var`` of the stacked (clients x channels)
-  statistics, one scalar per layer that makes every fusion coefficient 1;
-  this follows the paper's per-channel variance instead.
+  code averages the whole state).  The variance over the round's
+  participants of their ``mu_bar`` and of their ``sigma_bar`` (unweighted,
+  in float64, client order) gives the client-sharing statistic variances
+  (line 13), sent down in the FFA layers' buffers
+  ``fedfa.<i>.shared_var_mean`` / ``shared_var_std``: model entries sent
+  down but not back (``sends_back``), initially 1.  The adaptive fusion
+  coefficients (line 15) are computed from them in the layer.  Which
+  variance (``--fedfa-var``): ``layer`` (default, the authors' code,
+  ``pyfed/manager/comm.py``: ``torch.var`` of the stacked K x C statistics,
+  one unbiased variance over all clients and channels, 1/(KC - 1), written
+  into every channel, so every fusion coefficient is 1 and only the
+  variance's size matters); ``channel``: per channel over the clients,
+  1/K, the paper's line 13 (the coefficients then differ by channel).
 * **Evaluation**: the global model (the FFA layers are the identity in
   evaluation).
 
@@ -63,6 +66,16 @@ _SHARED = re.compile(rf"^{ATTR}\.(\d+)\.shared_var_(mean|std)$")
 
 
 STATS_RULES = ("carry", "reset")
+VARIANCE_RULES = ("layer", "channel")
+
+
+def shared_variance(stats: np.ndarray, rule: str) -> np.ndarray:
+    """(2, C) variances of the clients' (K, 2, C) statistics: per channel (1/K), or one unbiased value per
+    statistic over clients and channels (1/(KC - 1), as ``torch.var`` of the stack) in every channel."""
+    if rule == "channel":
+        return stats.var(axis=0)
+    flat = stats.transpose(1, 0, 2).reshape(stats.shape[1], -1)
+    return np.repeat(flat.var(axis=1, ddof=1)[:, None], stats.shape[2], axis=1)
 
 
 def stats_name(layer: int) -> str:
@@ -81,6 +94,8 @@ class FedFA(FedAvg):
         Option("fedfa_momentum", float, FEDFA_MOMENTUM, "FedFA: momentum of the clients' running statistics"),
         Option("fedfa_stats", str, "carry", "FedFA: clients' running statistics at a round start: carry (the "
                "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)"),
+        Option("fedfa_var", str, "layer", "FedFA: the server's variance of client statistics: layer (one value "
+               "over clients and channels, authors' code) or channel (per channel, paper Alg. 1 line 13)"),
     )
 
     @classmethod
@@ -107,6 +122,9 @@ class FedFA(FedAvg):
         if cfg.opt("fedfa_stats") not in STATS_RULES:
             raise MpiflError(f"--fedfa-stats must be one of {', '.join(STATS_RULES)}, got {cfg.opt('fedfa_stats')!r}")
         self.carry = cfg.opt("fedfa_stats") == "carry"
+        if cfg.opt("fedfa_var") not in VARIANCE_RULES:
+            raise MpiflError(f"--fedfa-var must be one of {', '.join(VARIANCE_RULES)}, got {cfg.opt('fedfa_var')!r}")
+        self.variance_rule = cfg.opt("fedfa_var")
 
     def sends_back(self, entry):
         return not _SHARED.match(entry.key)
@@ -137,7 +155,7 @@ class FedFA(FedAvg):
                 server.extra[running_name(layer)] = self.combine(
                     running_name(layer), uploads.tensors[stats_name(layer)], weights).float()
             stats = np.stack(uploads.tensors[stats_name(layer)]).astype(np.float64)  # (K, 2, C)
-            var = stats.var(axis=0)  # 1/K, per statistic and channel
+            var = shared_variance(stats, self.variance_rule)
             for row, kind in enumerate(("mean", "std")):
                 key = keys[kind]
                 server.model[key] = torch.from_numpy(var[row]).to(server.model[key].dtype)

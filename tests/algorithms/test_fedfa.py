@@ -1,4 +1,4 @@
-"""FedFA: FedAvg plus FFA layers whose clients' statistics go up and whose per-channel variance comes down."""
+"""FedFA: FedAvg plus FFA layers whose clients' statistics go up and whose variance over clients comes down."""
 
 import numpy as np
 import pytest
@@ -50,8 +50,9 @@ def test_policy_sends_shared_variances_down_only_and_client_statistics_up():
     assert algo.adopted_keys == SHARED
 
 
-def test_server_averages_the_model_and_takes_the_per_channel_variance_of_client_statistics():
-    algo, model = _fedfa()
+@pytest.mark.parametrize("rule", ["layer", "channel"])
+def test_server_averages_the_model_and_takes_the_variance_of_client_statistics(rule):
+    algo, model = _fedfa(fedfa_var=rule)
     server = algo.init_server(model.state_dict())
     assert all(torch.equal(server.model[k], torch.ones_like(server.model[k])) for k in SHARED)
     rng = np.random.default_rng(0)
@@ -66,8 +67,14 @@ def test_server_averages_the_model_and_takes_the_per_channel_variance_of_client_
         s = np.stack(stats[f"fedfa.stats/{i}"])
         for row, kind in enumerate(("mean", "std")):
             values = s[:, row, :]
-            expected = ((values - values.mean(0)) ** 2).mean(0)  # 1/K over the clients, unweighted
-            assert np.allclose(server.model[f"fedfa.{i}.shared_var_{kind}"].numpy(), expected, atol=1e-6)
+            if rule == "channel":  # the paper: per channel, 1/K over the clients, unweighted
+                expected = ((values - values.mean(0)) ** 2).mean(0)
+            else:  # the code: torch.var of the (K, C) stack, one unbiased value in every channel
+                expected = np.full(values.shape[1], ((values - values.mean()) ** 2).sum() / (values.size - 1))
+            shared = server.model[f"fedfa.{i}.shared_var_{kind}"]
+            assert np.allclose(shared.numpy(), expected, atol=1e-6)
+            gamma = fusion_gamma(shared)
+            assert torch.allclose(gamma, torch.ones_like(gamma)) == (rule == "layer")
     down = algo.download(server)
     assert torch.equal(down["fedfa.1.shared_var_std"], server.model["fedfa.1.shared_var_std"])
 
@@ -120,7 +127,8 @@ def test_client_starts_its_statistics_from_the_download_or_resets_them_and_uploa
     assert not torch.equal(up["fedfa.stats/0"], start[0])
 
 
-@pytest.mark.parametrize("bad", [{"fedfa_p": 1.5}, {"fedfa_momentum": 1.0}, {"fedfa_stats": "keep"}])
+@pytest.mark.parametrize("bad", [{"fedfa_p": 1.5}, {"fedfa_momentum": 1.0}, {"fedfa_stats": "keep"},
+                                 {"fedfa_var": "client"}])
 def test_bad_options(bad):
     with pytest.raises(MpiflError):
         _fedfa(**bad)
