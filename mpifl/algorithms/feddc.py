@@ -62,7 +62,10 @@ Choices:
     ``w <- sum_S p_i theta_i + H``.
 
   With every client participating and the same sizes both rules give the
-  same model rule.  The code's gradient clip (norm 10) is not applied here.
+  same model rule.  The code's gradient clip (norm 10, over the whole
+  corrected gradient, before the step) is the runtime's ``--max-grad-norm
+  10``, which clips after :meth:`after_backward`; like every method's, it
+  is off unless given (the FedNN presets give it).
 * **BN.**  h_i, g_i, g and both penalties cover the trainable parameters
   (BN affine included); BN running statistics are uploaded as themselves
   and averaged as in FedAvg, ``num_batches_tracked`` stays local.
