@@ -21,6 +21,7 @@ from ..data import KNOWN_DATASETS, default_data_root, default_model, ensure_data
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
 from ..plan.config import CORE_KEYS, Option, RunConfig, check, coerce, read_config_file, resolve
+from ..plan.optim import KEPT
 from ..plan.session import make_session, read_labels
 from ..presets import apply_preset, describe_presets
 from ..transport.manifest import format_manifest
@@ -228,9 +229,12 @@ def manifest_text(cfg: RunConfig) -> str:
     session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
     domains = session.manifest.domains
     setup = [spec for spec in (e.setup_exchange() for e in session.exchanges) if spec is not None]
+    kept = (f"\n  {KEPT}<parameter>/<name>: with --keep-optimizer, the local {cfg.optimizer} optimizer's state of "
+            "every parameter it has stepped (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, step)"
+            if cfg.keep_optimizer else "")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
             + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
-                              len(session.training_ids)))
+                              len(session.training_ids)) + kept)
 
 
 def command() -> click.Command:

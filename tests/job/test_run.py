@@ -105,6 +105,14 @@ def test_show_manifest_lists_the_wire_tensors(data_root):
     assert "download (server -> client): 0 tensors, 0 bytes" in single.stdout
 
 
+def test_show_manifest_names_kept_optimizer_state_only_when_kept(data_root):
+    line = "optimizer/<parameter>/<name>: with --keep-optimizer, the local sgd optimizer's state"
+    kept = run_here("--data-root", str(data_root), "--momentum", "0.9", "--keep-optimizer", "--show-manifest")
+    assert kept.returncode == 0 and line in kept.stdout.split("kept on the client, never sent")[1]
+    fresh = run_here("--data-root", str(data_root), "--momentum", "0.9", "--show-manifest")
+    assert fresh.returncode == 0 and "optimizer/" not in fresh.stdout
+
+
 def test_show_manifest_of_absent_data_is_one_line(tmp_path):
     job = run_here("--data", "pacs", "--data-root", str(tmp_path), "--show-manifest")
     assert job.returncode == 2 and job.stdout == ""
