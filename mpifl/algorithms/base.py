@@ -237,9 +237,21 @@ class Algorithm:
         """Tensors beyond the model each client keeps for itself."""
         return []
 
+    def entry_spec(self, entry: StateEntry, name: str = "") -> TensorSpec:
+        """A model entry as it crosses the wire (under ``name``, default its key), marked data-derived
+        when it is a statistic of the client's features rather than a trained parameter."""
+        return TensorSpec(name or entry.key, entry.shape, entry.dtype, derived=self.derived_from_data(entry))
+
+    def derived_from_data(self, entry: StateEntry) -> str:
+        """What of the client's data a model entry is computed from ("" for parameters): normalization
+        layers' running statistics are the mean and variance of its feature maps."""
+        if not entry.is_param and entry.attr in ("running_mean", "running_var"):
+            return "feature statistics of the clients' data (normalization running mean or variance)"
+        return ""
+
     def policy(self) -> SharePolicy:
         """This phase's tensors per direction and those kept by the client."""
-        spec = {e.key: TensorSpec(e.key, e.shape, e.dtype) for e in self.entries}
+        spec = {e.key: self.entry_spec(e) for e in self.entries}
         return SharePolicy(download=[spec[k] for k in self.shared_keys] + self.extra_download(),
                            upload=[spec[k] for k in self.uploaded_keys] + self.extra_upload(),
                            private=[spec[k] for k in self.private_keys] + self.extra_private())

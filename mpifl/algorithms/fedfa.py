@@ -129,13 +129,21 @@ class FedFA(FedAvg):
     def sends_back(self, entry):
         return not _SHARED.match(entry.key)
 
+    def derived_from_data(self, entry):
+        if _SHARED.match(entry.key):
+            return "variance over clients of their feature statistics"
+        return super().derived_from_data(entry)
+
     def extra_upload(self):
-        return [TensorSpec(stats_name(i), (2, c), torch.float32) for i, c in sorted(self.channels.items())]
+        return [TensorSpec(stats_name(i), (2, c), torch.float32,
+                           derived="running mean and std of the client's feature maps")
+                for i, c in sorted(self.channels.items())]
 
     def extra_download(self):
         if not self.carry:
             return []
-        return [TensorSpec(running_name(i), (2, c), torch.float32) for i, c in sorted(self.channels.items())]
+        return [TensorSpec(running_name(i), (2, c), torch.float32, derived="clients' feature statistics, averaged")
+                for i, c in sorted(self.channels.items())]
 
     # ------------------------------------------------------------------ server
     def init_server(self, initial):

@@ -100,12 +100,14 @@ class FedProto(FedAvg):
         return False
 
     def extra_download(self):
-        return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32),
-                TensorSpec(PRESENT, (self.classes,), torch.float32)]
+        return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32,
+                           derived="clients' class-mean features, averaged"),
+                TensorSpec(PRESENT, (self.classes,), torch.float32, derived="which classes some client holds")]
 
     def extra_upload(self):
-        return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32),
-                TensorSpec(COUNTS, (self.classes,), torch.float32)]
+        return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32,
+                           derived="class-mean features of the client's training data"),
+                TensorSpec(COUNTS, (self.classes,), torch.float32, derived="the client's samples per class")]
 
     # ------------------------------------------------------------------ server
     def init_server(self, initial):

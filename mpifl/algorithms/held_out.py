@@ -13,7 +13,6 @@ domains' "global" rows).  Training clients never load it, and without
 
 from __future__ import annotations
 
-from ..transport.wire import TensorSpec
 
 
 class HeldOutAverage:
@@ -27,36 +26,35 @@ class HeldOutAverage:
         super().__init__(cfg, entries)
         self._up, self._down = f"{self.name}.bn/", f"{self.name}.global_bn/"
         chosen = [e for e in entries if self.averaged_for_held_out(e)] if cfg.holdout is not None else []
-        self._held_out_specs = [TensorSpec(e.key, e.shape, e.dtype) for e in chosen]
+        self._held_out = chosen
 
     def extra_upload(self):
-        return super().extra_upload() + [TensorSpec(self._up + s.name, s.shape, s.dtype) for s in self._held_out_specs]
+        return super().extra_upload() + [self.entry_spec(e, self._up + e.key) for e in self._held_out]
 
     def extra_download(self):
-        return super().extra_download() + [TensorSpec(self._down + s.name, s.shape, s.dtype)
-                                           for s in self._held_out_specs]
+        return super().extra_download() + [self.entry_spec(e, self._down + e.key) for e in self._held_out]
 
     def init_server(self, initial):
         server = super().init_server(initial)
-        server.extra.update({self._down + s.name: initial[s.name].clone() for s in self._held_out_specs})
+        server.extra.update({self._down + e.key: initial[e.key].clone() for e in self._held_out})
         return server
 
     def download(self, server):
-        return {**super().download(server), **{self._down + s.name: server.extra[self._down + s.name]
-                                              for s in self._held_out_specs}}
+        return {**super().download(server), **{self._down + e.key: server.extra[self._down + e.key]
+                                              for e in self._held_out}}
 
     def aggregate(self, server, uploads):
         super().aggregate(server, uploads)
         weights = self.client_weights(uploads)
-        for s in self._held_out_specs:
-            server.extra[self._down + s.name] = self.combine(s.name, uploads.tensors[self._up + s.name],
-                                                             weights).to(s.dtype)
+        for e in self._held_out:
+            server.extra[self._down + e.key] = self.combine(e.key, uploads.tensors[self._up + e.key],
+                                                             weights).to(e.dtype)
 
     def end_local(self, client, model):
         state = model.state_dict()
-        return {**super().end_local(client, model), **{self._up + s.name: state[s.name] for s in self._held_out_specs}}
+        return {**super().end_local(client, model), **{self._up + e.key: state[e.key] for e in self._held_out}}
 
     def global_private(self, client, download):
         """The client's unshared entries with the averaged ones in place of its own."""
         return {**super().global_private(client, download),
-                **{s.name: download[self._down + s.name] for s in self._held_out_specs}}
+                **{e.key: download[self._down + e.key] for e in self._held_out}}

@@ -12,8 +12,12 @@ def _table(title: str, specs: list[TensorSpec], per_round_clients: int) -> list[
              f"{total * per_round_clients:,} bytes per round ({per_round_clients} clients)"]
     width = max([len(s.name) for s in specs] + [4])
     lines += [f"  {s.name:<{width}}  {str(list(s.shape)):<18} {str(s.dtype).replace('torch.', ''):<8} {s.nbytes:>14,}"
-              for s in specs]
+              + _derived(s) for s in specs]
     return lines
+
+
+def _derived(spec: TensorSpec) -> str:
+    return f"  data-derived: {spec.derived}" if spec.derived else ""
 
 
 def format_manifest(algo_name: str, policy: SharePolicy, clients_per_round: int,
@@ -22,14 +26,16 @@ def format_manifest(algo_name: str, policy: SharePolicy, clients_per_round: int,
 
     ``setup``: one-time exchanges before training (FedRDN's statistics, a
     method's :meth:`setup_exchange`): what each of the ``training_clients``
-    uploads; every client receives all of them stacked.
+    uploads; every client receives all of them stacked.  A tensor computed
+    from the clients' data (``TensorSpec.derived``) is marked ``data-derived``
+    with what it is.
     """
     lines = [f"wire manifest of --algo {algo_name} (per participating client per round)"]
     for up in setup:
         n = training_clients
         lines.append(f"setup exchange, once before round 1: {n} clients each upload {up.name} "
                      f"{list(up.shape)} {str(up.dtype).replace('torch.', '')} ({up.nbytes:,} bytes); every client "
-                     f"receives {up.name} {[n, *up.shape]} ({up.nbytes * n:,} bytes)")
+                     f"receives {up.name} {[n, *up.shape]} ({up.nbytes * n:,} bytes)" + _derived(up).replace("  ", "; ", 1))
     lines += _table("download (server -> client)", policy.download, clients_per_round)
     lines += _table("upload (client -> server)", policy.upload, clients_per_round)
     kept = sum(s.nbytes for s in policy.private)

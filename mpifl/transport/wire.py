@@ -19,7 +19,7 @@ message buffer, :mod:`mpifl.transport.buffers`); its views are of the same kind.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Union
 
 import numpy as np
@@ -43,11 +43,17 @@ ALIGN = 8  # the largest item size: what a layout's size is rounded up to
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape and dtype of one tensor that crosses the wire."""
+    """Name, shape and dtype of one tensor that crosses the wire.
+
+    ``derived``: what of a client's data the tensor is computed from (image or feature statistics, mean
+    images, prototypes, spectra, styles), which ``--show-manifest`` marks; empty for model parameters and
+    their updates.  It is a label only: two specs that differ in it alone are equal.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    derived: str = field(default="", compare=False)
 
     @property
     def numel(self) -> int:
