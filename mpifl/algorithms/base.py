@@ -20,8 +20,9 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   :meth:`local_epochs` and :meth:`trainable` (which parameters train in
   which local epoch: freezing), :meth:`batch_loss` (by default
   cross-entropy plus :meth:`extra_loss`), :meth:`after_backward`,
-  :meth:`end_local`, and :meth:`personalize` (fine-tuning before a personal
-  model is evaluated);
+  :meth:`end_local`, :meth:`score_local` (the model as downloaded and as
+  trained, scored on the client's own splits), and :meth:`personalize`
+  (fine-tuning before a personal model is evaluated);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images);
 * **the server rule**: :meth:`init_server`, :meth:`download`, :meth:`aggregate`
@@ -353,6 +354,12 @@ class Algorithm:
         :meth:`trainable` unless another rule is given) on the client's training split, seeded by (seed,
         client, round evaluated).  What it changes lasts for this evaluation
         only: the private state is untouched.  Default: evaluate the model as loaded."""
+
+    def score_local(self, client: ClientState, model: nn.Module, moment: str, score) -> None:
+        """Called twice in a client's round: ``moment`` "downloaded" with the model as loaded, before
+        :meth:`begin_local`; "trained" after local training, before :meth:`end_local`.  ``score(split)`` is
+        (summed cross-entropy, correct, count) of the model as it is on one of the client's splits ("train",
+        "val", "test"), evaluated on demand only (FedDG-GA's generalization gaps).  Default: nothing."""
 
     def end_local(self, client: ClientState, model: nn.Module) -> dict[str, torch.Tensor]:
         """The :meth:`extra_upload` tensors after local training (model entries are added by the runtime)."""

@@ -109,11 +109,16 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
                  data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
                  precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
-    and local training, seeded by (seed, client, round); then the client keeps its private entries and the
+    (:meth:`~mpifl.algorithms.base.Algorithm.score_local` before and after training) and local training, seeded by (seed, client, round); then the client keeps its private entries and the
     round's upload is returned (the method's model entries and extra tensors; views of ``slots``).  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
     client's kept state and leaves its own there (:mod:`mpifl.plan.optim`)."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
+
+    def score(split: str) -> tuple[float, int, int]:
+        return evaluate(model, data, split, cfg.eval_batch_size, precision)
+
+    algo.score_local(client, model, "downloaded", score)
     algo.begin_local(client, model, download)
     optimizer = algo.make_optimizer(model, algo.lr)
     if cfg.keep_optimizer:
@@ -123,6 +128,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     if cfg.keep_optimizer:
         keep_state(optimizer, model, client.private)
     copy_all([client.private[k] for k in algo.private_keys], [slots[k] for k in algo.private_keys])
+    algo.score_local(client, model, "trained", score)
     upload = {k: slots[k] for k in algo.uploaded_keys}
     upload.update(algo.end_local(client, model))
     return upload, stats
