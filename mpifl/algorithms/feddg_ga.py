@@ -67,7 +67,9 @@ def adjust_weights(weights: np.ndarray, who: np.ndarray, gaps: np.ndarray, step:
                    centre: bool) -> np.ndarray:
     """a_who += step g / max|g| (g the gaps, centred on their mean with ``centre``), then a clipped to [0, 1]
     and renormalised to sum 1; ``weights`` unchanged where every g is 0 or the step is 0."""
-    g = gaps - gaps.mean() if centre and len(gaps) else gaps
+    g = gaps
+    if centre and len(gaps):  # equal gaps centre to exact zeros, not to the rounding error of their mean
+        g = np.zeros_like(gaps) if np.ptp(gaps) == 0 else gaps - gaps.mean()
     largest = float(np.abs(g).max()) if len(g) else 0.0
     if largest == 0.0 or step == 0.0:
         return weights
