@@ -120,6 +120,9 @@ def test_partial_participation_moves_only_clients_that_trained_in_the_previous_r
     np.testing.assert_allclose(a1, np.array([1 / 3, 1 / 3 + 0.11, 1 / 3]) / 1.11, rtol=1e-12)
     assert _model_value(server) == pytest.approx((a1[1] * 2 + a1[2] * 3) / (a1[1] + a1[2]), rel=1e-6)
     assert server.extra[SCORED_IN].tolist() == [1, 2, 2]
+    a2 = _aggregate(algo, server, 3, [0, 1], [(3.0, 1.0), (1.2, 1.0)])
+    # client 0's kept score is of round 1, not 2: no gap; client 1: 1.2 - 1.0, normalised 1, step 0.1
+    np.testing.assert_allclose(a2, (a1 + [0, 0.1, 0]) / 1.1, rtol=1e-12)
 
 
 def test_a_held_out_domain_weighs_nothing():
