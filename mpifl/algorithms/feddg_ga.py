@@ -14,10 +14,9 @@ clients' *generalization gaps*:
   ``--ga-step``, R = ``--schedule-rounds``, N training clients):
 
   - ``code`` (default, the authors' code, ``MediaBrain-SJTU/FedDG-GA``: ``utils/weight_adjust.py`` and the
-    ``algorithms/*/train_pacs_GA.py`` scripts): g_i = G_i, the gaps
-    as they are (not centred); s_q = d (1 - (q - 2)/R) / N (their step ``step_size - (i - 1) step_size /
-    comm`` after 0-based round i = q - 1, divided by 3, which is 1/N for their three source domains, also
-    their initial weight);
+    ``algorithms/*/train_pacs_GA.py`` scripts): g_i = G_i, the gaps as they are (not centred);
+    s_q = d (1 - (q - 2)/R) / N (their step ``step_size - (i - 1) step_size / comm`` after 0-based round
+    i = q - 1, divided by 3, which is 1/N for their three source domains, also their initial weight);
   - ``paper`` (the paper's equations as summarised for this implementation: gaps centred on their mean,
     d^r = (1 - r/R) d; its text was not at hand to check the round index or a 1/N factor):
     g_i = G_i - mean_j G_j; s_q = d (1 - q/R) / N (1/N kept so that d means the same in both rules).
