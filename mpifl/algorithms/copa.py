@@ -16,7 +16,8 @@ their heads are ordered by client id.
 
   hbar_j the other clients' heads, frozen: they give f a gradient and never change, so f and h_i are
   what trains.  lambda = ``--copa-frozen-weight``, default 1: each of the N heads, the trainable one and
-  the N - 1 frozen ones, weighs alike in the sum.
+  the N - 1 frozen ones, weighs alike in the sum.  The training loss the run reports is L_i, frozen terms
+  included.
 * **Server**: f <- sum_i w_i f_i over the round's participants (FedAvg: w_i by training samples,
   ``--uniform-weights`` for equal weights; the step counters of BN stay with each client).  Heads are
   assembled, not averaged: the server holds one head per training client (``ServerState.extra``, so a
@@ -30,7 +31,11 @@ their heads are ordered by client id.
   p(y|x) = (1/N) sum_j softmax(h_j(f(x)))_y, evaluated as the logits log p (so the reported loss is
   -log p(y|x)); ``logit``: the mean of the heads' logits, (1/N) sum_j h_j(f(x)) (for linear heads the
   same as one head with the averaged weights).  Every head counts, also one whose client has not yet
-  been sampled.  With ``--holdout`` this model evaluates the held-out domain.
+  been sampled.  With ``--holdout`` this model evaluates the held-out domain.  No code settles the
+  combination rule or the frozen terms' weight, hence the two options.  Mechanism: a forward hook on
+  ``model.classifier`` (installed by :meth:`COPA.begin_eval`) returns the ensemble's logits while the
+  global model is evaluated (:meth:`COPA.global_private` turns it on; the personal model and local
+  training turn it off).
 * **Personal model** of client i: f under its own head h_i (its domain-specific classifier on the
   current averaged extractor).
 
