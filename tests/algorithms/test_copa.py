@@ -1,0 +1,166 @@
+"""COPA: averaged body, every client's head stacked in client-id order and sent to all, frozen-head
+collaboration in the local loss, global model = body + ensemble of the heads."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mpifl.algorithms import Uploads
+from mpifl.algorithms.copa import ensemble_logits, heads_logits
+from mpifl.errors import MpiflError
+from mpifl.plan.clients import ClientSpec
+
+from ..conftest import read_metrics, run_here
+from .helpers import client_meta, make_algo
+
+HEAD = ("classifier.weight", "classifier.bias")
+WEIGHT, BIAS = "copa.heads/classifier.weight", "copa.heads/classifier.bias"
+
+
+def _spec(cid, trains=True):
+    none = np.arange(0)
+    return ClientSpec(id=cid, domain="d", rows={"train": np.arange(4), "val": none, "test": none}, trains=trains)
+
+
+def _algo(ids=(0, 1, 2, 3), held_out=(2,), **options):
+    """COPA on SmallCNN (10 classes, 64 features) bound to clients ``ids``, ``held_out`` not training."""
+    algo, model = make_algo("copa", **options)
+    algo.bind_clients([_spec(c, c not in held_out) for c in ids])
+    return algo, model
+
+
+def test_the_body_travels_the_head_stays_and_all_n_heads_come_down():
+    algo, model = _algo()
+    policy = algo.policy()
+    body = [k for k in model.state_dict() if k not in HEAD and not k.endswith("num_batches_tracked")]
+    assert [s.name for s in policy.upload] == body + ["copa.head/classifier.weight", "copa.head/classifier.bias"]
+    assert [s.name for s in policy.download] == body + [WEIGHT, BIAS]
+    assert {s.name: s.shape for s in policy.download[-2:]} == {WEIGHT: (3, 10, 64), BIAS: (3, 10)}
+    assert set(HEAD) <= {s.name for s in policy.private} and algo.evaluates == ("global", "personal")
+    body_bytes = sum(model.state_dict()[k].numel() * 4 for k in body)
+    head_bytes = (10 * 64 + 10) * 4
+    assert sum(s.nbytes for s in policy.upload) == body_bytes + head_bytes
+    assert sum(s.nbytes for s in policy.download) == body_bytes + 3 * head_bytes  # N = 3 training clients
+
+
+def test_ensemble_of_probabilities_and_of_logits_by_hand():
+    """Two heads on the feature (log 3, 0): logits (log 3, 0) and (0, 0), i.e. probabilities (3/4, 1/4) and
+    (1/2, 1/2); their mean (5/8, 3/8); the mean logit (log 3 / 2, 0)."""
+    weight = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    bias = torch.zeros(2, 2)
+    logits = heads_logits(torch.tensor([[math.log(3.0), 0.0]]), weight, bias)
+    assert torch.allclose(logits, torch.tensor([[[math.log(3.0), 0.0]], [[0.0, 0.0]]]))
+    prob = ensemble_logits(logits, "prob")
+    assert torch.allclose(prob, torch.log(torch.tensor([[5 / 8, 3 / 8]])))
+    assert torch.allclose(F.cross_entropy(prob, torch.tensor([1])), torch.tensor(-math.log(3 / 8)))
+    assert torch.allclose(ensemble_logits(logits, "logit"), torch.tensor([[math.log(3.0) / 2, 0.0]]))
+
+
+@pytest.mark.parametrize("rule", ["prob", "logit"])
+def test_the_global_model_is_the_ensemble_of_the_downloaded_heads_and_the_personal_one_its_own_head(rule):
+    torch.manual_seed(0)
+    algo, model = _algo(copa_ensemble=rule)
+    model.eval()
+    client = algo.init_client(_spec(1), model.state_dict())
+    weight, bias = torch.randn(3, 10, 64), torch.randn(3, 10)
+    download = {WEIGHT: weight, BIAS: bias}
+    x = torch.randn(2, 3, 28, 28)
+    features = model.encode(x)
+    algo.begin_eval(model, 1)
+    algo.begin_eval(model, 2)  # hooked once
+    algo.global_private(client, download)
+    per_head = [F.linear(features, weight[j], bias[j]) for j in range(3)]
+    if rule == "prob":
+        expected = torch.log(sum(F.softmax(z, 1) for z in per_head) / 3)
+    else:
+        expected = sum(per_head) / 3
+    assert torch.allclose(model(x), expected, atol=1e-5)
+    algo.personalize(client, model, fit=None)
+    assert torch.allclose(model(x), model.classifier(features)) and torch.equal(model(x), F.linear(
+        features, model.classifier.weight, model.classifier.bias))
+
+
+def test_heads_are_stacked_in_client_id_order_and_an_unsampled_clients_head_is_kept():
+    algo, model = _algo()  # training clients 0, 1, 3 -> rows 0, 1, 2; client 2 held out
+    initial = model.state_dict()
+    server = algo.init_server(initial)
+    for key in HEAD:
+        assert all(torch.equal(row, initial[key]) for row in server.extra["copa.heads/" + key])
+    names = [s.name for s in algo.policy().upload]
+
+    def uploads(clients, values):
+        shapes = {s.name: s.shape for s in algo.policy().upload}
+        return Uploads(clients=np.array(clients), meta=client_meta([1] * len(clients)),
+                       tensors={n: [np.full(shapes[n], v, np.float32) for v in values] for n in names})
+
+    algo.aggregate(server, uploads([1, 3], [1.0, 3.0]))
+    down = algo.download(server)
+    assert torch.equal(down[WEIGHT][0], initial["classifier.weight"])  # client 0 not sampled yet
+    assert (down[WEIGHT][1] == 1.0).all() and (down[WEIGHT][2] == 3.0).all() and (down[BIAS][2] == 3.0).all()
+    assert (down["conv1.weight"] == 2.0).all()  # the bodies' mean
+    algo.aggregate(server, uploads([0], [5.0]))
+    down = algo.download(server)
+    assert (down[WEIGHT][0] == 5.0).all() and (down[WEIGHT][1] == 1.0).all() and (down[WEIGHT][2] == 3.0).all()
+
+
+def test_local_loss_is_own_head_ce_plus_lambda_times_the_frozen_other_heads_ce():
+    torch.manual_seed(0)
+    algo, model = _algo(copa_frozen_weight=0.5)
+    client = algo.init_client(_spec(3), model.state_dict())  # row 2
+    weight, bias = torch.randn(3, 10, 64), torch.randn(3, 10)
+    weight[2] += 100.0  # client 3's own row: never a frozen term
+    algo.begin_local(client, model, {WEIGHT: weight, BIAS: bias})
+    x, y = torch.randn(4, 3, 28, 28), torch.tensor([0, 1, 2, 3])
+    loss, logits = algo.batch_loss(client, model, x, y)
+    features = model.encode(x)
+    frozen = sum(F.cross_entropy(F.linear(features, weight[j], bias[j]), y) for j in (0, 1))
+    assert torch.allclose(logits, model.classifier(features))
+    assert torch.allclose(loss, F.cross_entropy(model.classifier(features), y) + 0.5 * frozen, atol=1e-5)
+    loss.backward()
+    assert model.classifier.weight.grad.abs().sum() > 0 and model.conv1.weight.grad.abs().sum() > 0
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(MpiflError, match="--copa-ensemble must be one of prob, logit"):
+        make_algo("copa", copa_ensemble="vote")
+    with pytest.raises(MpiflError, match="--copa-frozen-weight must be >= 0"):
+        make_algo("copa", copa_frozen_weight=-1.0)
+
+
+def _args(data_root, out, *extra):
+    return ["--data-root", str(data_root), "--model", "smallcnn", "--algo", "copa", "--holdout", "street",
+            "--clients-per-domain", "2", "--fraction", "0.5", "--samples-per-client", "64", "--threads", "1",
+            "--lr", "0.05", "--out", str(out), *extra]
+
+
+def _numbers(run):
+    out = []
+    for record in read_metrics(run):
+        record.pop("seconds")
+        record["bytes"] = {k: record["bytes"][k] for k in ("down", "up")}
+        out.append(record)
+    return out
+
+
+def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume(data_root, tmp_path):
+    full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "2"))
+    assert full.returncode == 0, full.stderr
+    records = read_metrics(tmp_path / "full")
+    body = 4 * sum(c_out * (c_in * 9 + 1) + 4 * c_out for c_in, c_out in ((3, 16), (16, 32), (32, 64)))  # SmallCNN:
+    # conv weight and bias, BN weight, bias, running mean and variance, float32
+    head = 4 * (10 * 64 + 10)
+    for record in records:  # 8 training clients (4 domains x 2), 4 sampled a round
+        assert len(record["clients"]) == 4
+        assert record["bytes"]["down"] == 4 * (body + 8 * head) and record["bytes"]["up"] == 4 * (body + head)
+    evaluated = records[-1]["eval"]
+    assert 0 <= evaluated["global"]["test"]["domains"]["street"]["acc"] <= 1
+    assert set(evaluated["personal"]["test"]["domains"]) >= {"mono", "paper"}
+    run = tmp_path / "run"
+    first = run_here(*_args(data_root, run, "--rounds", "1", "--ckpt-every", "1"))
+    assert first.returncode == 0, first.stderr
+    resumed = run_here("--resume", str(run), "--rounds", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _numbers(run) == _numbers(tmp_path / "full")
