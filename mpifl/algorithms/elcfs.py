@@ -19,11 +19,13 @@ on their own images and on those images carrying other clients' amplitude spectr
   M is the low-frequency band: the (2b + 1) x (2b + 1) square of frequencies around the centre of the
   shifted spectrum, b = floor(min(H, W) r), r = ``--elcfs-band`` (default 0, the authors' training code:
   b = 0, the zero frequency alone; their demonstration's 0.003 also gives b = 0 below 334 pixels).  The
-  phase P is kept.  Per image the code draws the other client uniformly among the *other* training
-  clients, then one of its amplitudes uniformly (torch's generator, seeded per client and round).
-  lambda (``--elcfs-lambda``): ``one`` (default), the authors' training code, which replaces the band
-  by the other client's amplitude (its interpolation line is commented out); ``uniform``, the paper's
-  continuous interpolation, lambda ~ U[0, 1] per image.
+  phase P is kept.  Per image, as the code, the other client is drawn uniformly among the *other*
+  training clients (here clients, so a client of the same domain counts as another), then one of its
+  amplitudes uniformly (torch's generator, seeded per client and round); the code draws two such
+  images and trains on the first, so one is drawn here.  lambda (``--elcfs-lambda``): ``one``
+  (default), the authors' training code, which replaces the band by the other client's amplitude (its
+  interpolation line is commented out); ``uniform``, the paper's continuous interpolation with lambda
+  drawn uniformly in [0, 1] per image (the demonstration script steps it through 0.2 ... 1.0).
 * **Which images**: the model receives normalized inputs x = a p + c (per channel,
   :mod:`mpifl.client.normalize`); the code transforms raw pixels and clips them to [0, 255], so each
   mini-batch is mapped back to pixels with the client's own normalization, transformed, clipped and
