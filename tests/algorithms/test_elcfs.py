@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpifl.algorithms.elcfs import (AMPLITUDES, band_mask, interpolate_amplitude, other_client, spectra_of)
+from mpifl.algorithms.elcfs import AMPLITUDES, band_mask, interpolate_amplitude, other_client, spectra_of
 from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 from mpifl.plan.seeding import client_rng
@@ -188,7 +188,8 @@ def test_other_client_never_draws_the_own_row_and_reaches_every_other():
 def test_interpolated_inputs_undo_the_normalization_and_use_the_drawn_amplitudes(data_root):
     algo, _ = _algo(data_root, elcfs_bank=3, elcfs_band=0.1, elcfs_lambda="uniform")
     algo.bind_clients(_specs([8, 8, 8]))
-    scale, shift = torch.tensor([0.02, 0.03, 0.01]).reshape(1, 3, 1, 1), torch.tensor([-1., -2, 0.5]).reshape(1, 3, 1, 1)
+    scale = torch.tensor([0.02, 0.03, 0.01]).reshape(1, 3, 1, 1)
+    shift = torch.tensor([-1.0, -2.0, 0.5]).reshape(1, 3, 1, 1)
     algo._pixel_affine[2] = (scale, shift)
     algo.setup_received(_images(8, (3, 3, 3, 28, 15), 0, 2000))
     pixels = _images(9, (4, 3, 28, 28))
