@@ -3,14 +3,17 @@ Generalization and Adaptation"): one feature extractor, averaged, under an ensem
 classifier.
 
 No public code of the authors exists to compare with (GitHub searched for the method's name and the paper's
-title: only paper lists cite it), so this follows the paper, section 3, for decentralized domain
-generalization.  The model is a feature extractor f (the *body*: every block but the last,
+title: only paper lists cite it), and the paper's full text was not at hand when this was written: the rule
+below is the abstract's (a domain-invariant extractor trained under every client's classifier, the
+classifiers assembled into an ensemble), and the two choices the abstract leaves open (the frozen heads'
+weight in the local loss, how the ensemble combines) are options.  Check them against the paper's section 3
+before citing numbers from this implementation.  The model is a feature extractor f (the *body*: every block but the last,
 :mod:`mpifl.models.structure`) under one linear classifier h_i per training client i (the *head*,
 ``model.classifier``); N is the number of training clients (every client but a held-out domain's) and
 their heads are ordered by client id.
 
 * **Local objective** of client i, from the round's global extractor f and every client's head
-  h_1..h_N sent by the server (the paper's "collaboration of frozen classifiers")::
+  h_1..h_N sent by the server::
 
       L_i = CE(h_i(f(x)), y) + lambda * sum_{j != i} CE(hbar_j(f(x)), y)
 

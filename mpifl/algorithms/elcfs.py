@@ -25,7 +25,8 @@ on their own images and on those images carrying other clients' amplitude spectr
   images and trains on the first, so one is drawn here.  lambda (``--elcfs-lambda``): ``one``
   (default), the authors' training code, which replaces the band by the other client's amplitude (its
   interpolation line is commented out); ``uniform``, the paper's continuous interpolation with lambda
-  drawn uniformly in [0, 1] per image (the demonstration script steps it through 0.2 ... 1.0).
+  drawn uniformly in [0, 1] per image (the demonstration script steps it through 0.2 ... 1.0; the paper's
+  text was not at hand to check how it draws lambda).
 * **Which images**: the model receives normalized inputs x = a p + c (per channel,
   :mod:`mpifl.client.normalize`); the code transforms raw pixels and clips them to [0, 255], so each
   mini-batch is mapped back to pixels with the client's own normalization, transformed, clipped and

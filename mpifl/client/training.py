@@ -109,8 +109,9 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
                  data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
                  precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
-    (:meth:`~mpifl.algorithms.base.Algorithm.score_local` before and after training) and local training, seeded by (seed, client, round); then the client keeps its private entries and the
-    round's upload is returned (the method's model entries and extra tensors; views of ``slots``).  The
+    (:meth:`~mpifl.algorithms.base.Algorithm.score_local` before and after training) and local training,
+    seeded by (seed, client, round); then the client keeps its private entries and the round's upload is
+    returned (the method's model entries and extra tensors; views of ``slots``).  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
     client's kept state and leaves its own there (:mod:`mpifl.plan.optim`)."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
