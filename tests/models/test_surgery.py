@@ -9,6 +9,7 @@ from mpifl.errors import MpiflError
 from mpifl.models import (
     NORM_KINDS,
     AdaptiveGroupNorm,
+    IBN,
     PerXAN,
     WNConv2d,
     WSConv2d,
@@ -40,8 +41,8 @@ class Net(nn.Module):
 
 
 def plain_bns(model, kind=None):
-    """BatchNorms outside PerXAN layers; with ``kind``, those that are not its layers."""
-    inner = {id(m.bn) for m in model.modules() if isinstance(m, PerXAN)}
+    """BatchNorms outside PerXAN and IBN layers; with ``kind``, those that are not its layers."""
+    inner = {id(m.bn) for m in model.modules() if isinstance(m, (PerXAN, IBN))}
     own = () if kind is None else (norm_type(kind, 1), norm_type(kind, 2))
     return [n for n, m in model.named_modules()
             if isinstance(m, _BatchNorm) and id(m) not in inner and type(m) not in own]  # fmt: skip
