@@ -38,7 +38,9 @@ The kinds are the normalizations the multi-domain FL papers compare:
     James-Stein-shrunk batch statistics in training.
 ``ibn``
     IBN-Net's IBN-a layer (:class:`~mpifl.models.ibn.IBN`): IN (affine) on
-    the first half of the channels, BN on the other half.  Conv layers only.
+    the first half of the channels, BN on the other half.  On vectors plain
+    BatchNorm1d: IBN-a keeps BN wherever it puts no IN, and a feature vector
+    has no spatial instance statistics.
 ``dson``
     DSON's optimized normalization (:class:`~mpifl.models.dson.DSON`): BN and
     IN statistics mixed by learned softmax weights, one affine; every entry
@@ -107,7 +109,7 @@ def _perxan(channels: int, dims: int) -> nn.Module:
 
 
 def _ibn(channels: int, dims: int) -> nn.Module:
-    return IBN(channels)
+    return IBN(channels) if dims == 2 else nn.BatchNorm1d(channels)
 
 
 def _dson(channels: int, dims: int) -> nn.Module:
@@ -132,7 +134,7 @@ _NORMS: dict[str, _NormSpec] = {
     "perxan": _NormSpec(_perxan, False),
     "agn": _NormSpec(_agn, True),
     "jsbn": _NormSpec(_jsbn, True),
-    "ibn": _NormSpec(_ibn, False),
+    "ibn": _NormSpec(_ibn, True),
     "dson": _NormSpec(_dson, False),
 }
 

@@ -8,7 +8,7 @@ from mpifl.models import NORM_KINDS, StateEntry, build_model, state_entries
 
 CONV_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "in": "in", "perxan": "perxan", "agn": "agn",
                   "ibn": "ibn", "dson": "dson"}
-FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn"}  # in, none, perxan, ibn, dson: Identity
+FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn", "ibn": "bn"}  # in, none, perxan, dson: Identity
 
 
 @pytest.mark.parametrize("norm", NORM_KINDS)

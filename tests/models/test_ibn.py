@@ -1,6 +1,5 @@
 """IBN-a: IN (affine) on the first C // 2 channels, BN on the rest, in training and evaluation."""
 
-import pytest
 import torch
 
 from mpifl.models import IBN, build_model, make_norm, state_entries
@@ -65,8 +64,7 @@ def test_ibn_entries_have_a_bn_half_and_an_in_half():
     assert not entries["norm1.inorm.weight"].is_bn_side
 
 
-def test_ibn_is_undefined_on_vectors():
-    from mpifl.errors import MpiflError
-
-    with pytest.raises(MpiflError, match="undefined on feature vectors"):
-        make_norm("ibn", 8, dims=1)
+def test_ibn_on_vectors_is_plain_bn_as_ibn_a_keeps_bn_where_it_puts_no_in():
+    assert type(make_norm("ibn", 8, dims=1)) is torch.nn.BatchNorm1d
+    model = build_model("digitmodel", num_classes=10, norm="ibn")
+    assert type(model.bn1) is IBN and type(model.bn4) is torch.nn.BatchNorm1d
