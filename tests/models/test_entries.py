@@ -8,7 +8,8 @@ from mpifl.models import NORM_KINDS, StateEntry, build_model, state_entries
 
 CONV_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "in": "in", "perxan": "perxan", "agn": "agn",
                   "ibn": "ibn", "dson": "dson"}
-FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn", "ibn": "bn"}  # in, none, perxan, dson: Identity
+# in, none, perxan, dson: Identity after linear layers
+FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn", "ibn": "bn"}
 
 
 @pytest.mark.parametrize("norm", NORM_KINDS)
