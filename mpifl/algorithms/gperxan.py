@@ -7,21 +7,21 @@ statistics and score ``s_bn``) is personal: it is never broadcast.  The IN
 side, its score and all other parameters, classifier included, are averaged
 as in FedAvg.
 
-**Which layers (``--perxan-blocks``, the same as the run's ``--norm-blocks``).**
-The paper (section 4.2) replaces BN
-only in the first blocks: the first four of ResNet-50 on PACS, the first two
-on Office-Home, the first dense block and its transition on Camelyon17
-(DenseNet-121).  The authors' public code builds
-``resnet50(norm_layer=<PerXAN>)``, which replaces every BN; that is the
-default (``auto`` = ``all`` for PerXAN).  ``N`` keeps PerXAN in the stem and the first ``N`` stages
-of :func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
+**Which layers (``--perxan-blocks``, the run's ``--norm-blocks`` for
+gPerXAN).**  The paper (section 4.2) replaces BN only in the first blocks:
+the first four of ResNet-50 on PACS, the first two on Office-Home, the first
+dense block and its transition on Camelyon17 (DenseNet-121).  The authors'
+public code builds ``resnet50(norm_layer=<PerXAN>)``, which replaces every
+BN; that is the default (``auto``, which is ``all`` for PerXAN).  ``N`` keeps
+PerXAN in the stem and the first ``N`` stages of
+:func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
 DenseNet dense block k with transition k) and turns the later ones back into
 plain ``BatchNorm2d`` (:func:`~mpifl.models.surgery.place_composite_norms`,
-the one placement rule of every composite norm).  ``--norm-blocks``, when
-given, wins over ``--perxan-blocks``.  Those plain BN layers are **shared**: weight, bias and
-running statistics averaged like every other parameter (step counters stay
-local), as the public code's rule (personal = keys containing ``batchnorm``,
-which plain BN keys do not) makes them.
+the one placement rule of every composite norm; ``--norm-blocks``, when
+given, wins over ``--perxan-blocks``).  Those plain BN layers are
+**shared**: weight, bias and running statistics averaged like every other
+parameter (step counters stay local), as the public code's rule (personal =
+keys containing ``batchnorm``, which plain BN keys do not) makes them.
 
 **The ablation's layers (``--norm ibn`` / ``--norm dson``).**  gPerXAN's
 rule reads the BN side of composite norm layers (``StateEntry.is_bn_side``),
