@@ -3,8 +3,9 @@
 A method is a subclass of :class:`Algorithm` that overrides only what differs
 from FedAvg.  The runtime owns the loop; the method supplies:
 
-* **the model** it needs: ``norm`` (the normalization layer kind) and
-  ``conv`` (the convolution kind), see ``mpifl.models.norm``;
+* **the model** it needs: ``norm`` (the normalization layer kind, which
+  ``--norm`` overrides unless the method lists the kinds its rule works with
+  in ``norms``) and ``conv`` (the convolution kind), see ``mpifl.models.norm``;
 * **its share policy, as data**: :meth:`shares` (which model state entries go
   down), :meth:`sends_back` (which of those come back up; default all),
   :meth:`extra_download`, :meth:`extra_upload` and :meth:`extra_private`
@@ -54,7 +55,7 @@ from ..errors import MpiflError
 from ..plan.clients import ClientSpec
 from ..plan.config import Option, RunConfig
 from ..plan.optim import build_optimizer, round_lr
-from ..models import StateEntry
+from ..models import StateEntry, build_model, place_composite_norms
 from ..transport.wire import TensorSpec
 
 
@@ -122,6 +123,9 @@ class Algorithm:
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
     norm: ClassVar[str] = "bn"
+    #: the ``--norm`` kinds the method's rule works with (None: any), and why, for the one-line refusal
+    norms: ClassVar[tuple[str, ...] | None] = None
+    norms_because: ClassVar[str] = ""
     conv: ClassVar[str] = "plain"
     evaluates: ClassVar[tuple[str, ...]] = ("global",)
     selects_by: ClassVar[str] = "val-mean"  # the best-round rule of --select-by auto
@@ -163,8 +167,33 @@ class Algorithm:
         self.num_training_clients = sum(1 for c in clients if c.trains)
 
     @classmethod
+    def norm_kind(cls, cfg: RunConfig) -> str:
+        """The run's normalization kind: ``--norm``, or :attr:`norm` under ``auto``; a kind outside
+        :attr:`norms` is a one-line error."""
+        kind = cls.norm if cfg.norm == "auto" else cfg.norm
+        if cls.norms is not None and kind not in cls.norms:
+            raise MpiflError(f"--norm {kind}: {cls.name} {cls.norms_because}; use --norm "
+                             f"{' or '.join(('auto',) + cls.norms)}, or another --algo")
+        return kind
+
+    @classmethod
+    def norm_placement(cls, cfg: RunConfig) -> tuple[str, str]:
+        """(where composite norms go, the flag that said it): ``--norm-blocks``
+        (:func:`~mpifl.models.place_composite_norms`)."""
+        return cfg.norm_blocks, "--norm-blocks"
+
+    @classmethod
+    def network(cls, cfg: RunConfig, *, num_classes: int, in_channels: int = 3,
+                image_size: tuple[int, int] = (28, 28)) -> nn.Module:
+        """The network the method trains: ``cfg.model`` with :meth:`norm_kind` and :attr:`conv`, composite
+        norms placed by :meth:`norm_placement`, then :meth:`adapt_model`."""
+        model = build_model(cfg.model, num_classes=num_classes, in_channels=in_channels,
+                            image_size=tuple(image_size), norm=cls.norm_kind(cfg), conv=cls.conv)
+        return cls.adapt_model(place_composite_norms(model, *cls.norm_placement(cfg)), cfg)
+
+    @classmethod
     def adapt_model(cls, model: nn.Module, cfg: RunConfig) -> nn.Module:
-        """The network the method trains, from the one built with its ``norm`` and ``conv``
+        """The network the method trains, from the one built with its norm kind and ``conv``
         (called once per rank with the seeded model; inserted layers must hold no random state)."""
         return model
 

@@ -14,9 +14,13 @@ class FedAvgGN(FedAvg):
     name = "fedavg-gn"
     summary = "FedAvg with GroupNorm instead of BN"
     norm = "gn"
+    norms = ("gn",)
+    norms_because = "is FedAvg with --norm gn; for another kind use --algo fedavg --norm KIND"
 
 
 class FedAvgLN(FedAvg):
     name = "fedavg-ln"
     summary = "FedAvg with LayerNorm (GroupNorm, one group) instead of BN"
     norm = "ln"
+    norms = ("ln",)
+    norms_because = "is FedAvg with --norm ln; for another kind use --algo fedavg --norm KIND"

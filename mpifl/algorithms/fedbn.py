@@ -6,6 +6,11 @@ FedAvg (Algorithm 1 of the paper).  Each client is evaluated with its
 personal model: the shared layers plus its own BN layers.  FedBN's code
 weights clients uniformly on Digits-Five; here the weights follow FedAvg
 (sample count) unless ``--uniform-weights``.
+
+With ``--norm perxan``, ``ibn`` or ``dson`` the BN side of each composite
+layer stays local (PerXAN's BN side, IBN-a's BN half, a DSON layer whole:
+DSON's domain-specific normalization with one domain per client) and the IN
+side is averaged; kinds without BN entries are refused.
 """
 
 from .fedavg import FedAvg
@@ -15,6 +20,8 @@ class FedBN(FedAvg):
     name = "fedbn"
     summary = "FedBN: BN layers (affine and statistics) stay on each client, the rest is averaged"
     evaluates = ("personal",)
+    norms = ("bn", "jsbn", "perxan", "ibn", "dson")
+    norms_because = "keeps BN layers (and the BN sides of composite norms) on each client, which other kinds lack"
 
     def shares(self, entry):
-        return entry.module_kind != "bn"
+        return not (entry.module_kind == "bn" or entry.is_bn_side)

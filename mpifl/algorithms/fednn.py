@@ -106,6 +106,8 @@ class FedNN(FedProx):
                "or softmax (noise-free)"),
     )
     norm = "agn"
+    norms = ("agn",)
+    norms_because = "is defined by its adaptive group norm layers"
     conv = "wn"
 
     @classmethod

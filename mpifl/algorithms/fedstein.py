@@ -104,6 +104,8 @@ class FedStein(HeldOutAverage, FedAvg):
     name = "fedstein"
     summary = "FedStein: JSNorm layers, James-Stein-shrunk mean BN statistics, BN affine local, rest averaged"
     norm = "jsbn"
+    norms = ("jsbn",)
+    norms_because = "is defined by its JSNorm layers"
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("js_sigma2", str, "sampling",

@@ -72,6 +72,8 @@ class FedWon(FedAvg):
                "FedWon adaptive gradient clipping threshold lambda (0 = off); unset: off below "
                "--batch-size 32, else 0.64 for digit datasets and 1.28 otherwise"),)
     norm = "none"
+    norms = ("none",)
+    norms_because = "removes every normalization layer"
     conv = "ws"
 
     def __init__(self, cfg, entries):

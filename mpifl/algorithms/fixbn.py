@@ -17,6 +17,10 @@ run's R (``--schedule-rounds``, by default ``--rounds``; stored in config.json,
 so a run resumed with more ``--rounds`` keeps its T).  The paper switches
 midway through training; it sets T from a schedule of its own.  With T >= rounds FixBN is FedAvg.  Evaluates the
 global model.
+
+``--norm``: the BatchNorm modules inside PerXAN and IBN layers freeze as
+plain ones do; DSON (batch statistics mixed inside one layer) and kinds
+without running statistics are refused.
 """
 
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -30,6 +34,8 @@ class FixBN(FedAvg):
     summary = "FixBN: FedAvg, then BN statistics frozen at their global values and no longer sent"
     options = FedAvg.options + (Option("fixbn_stage_rounds", int, None,
                                        "rounds of the first stage before BN statistics freeze (default --schedule-rounds/2)"),)
+    norms = ("bn", "jsbn", "perxan", "ibn")
+    norms_because = "freezes the running statistics of BatchNorm modules, which other kinds lack or mix in"
 
     @property
     def stage_rounds(self) -> int:

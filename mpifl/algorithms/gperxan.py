@@ -7,18 +7,28 @@ statistics and score ``s_bn``) is personal: it is never broadcast.  The IN
 side, its score and all other parameters, classifier included, are averaged
 as in FedAvg.
 
-**Which layers (``--perxan-blocks``).**  The paper (section 4.2) replaces BN
-only in the first blocks: the first four of ResNet-50 on PACS, the first two
-on Office-Home, the first dense block and its transition on Camelyon17
-(DenseNet-121).  The authors' public code builds
-``resnet50(norm_layer=<PerXAN>)``, which replaces every BN; that is the
-default, ``all``.  ``N`` keeps PerXAN in the stem and the first ``N`` stages
-of :func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
+**Which layers (``--perxan-blocks``, the run's ``--norm-blocks`` for
+gPerXAN).**  The paper (section 4.2) replaces BN only in the first blocks:
+the first four of ResNet-50 on PACS, the first two on Office-Home, the first
+dense block and its transition on Camelyon17 (DenseNet-121).  The authors'
+public code builds ``resnet50(norm_layer=<PerXAN>)``, which replaces every
+BN; that is the default (``auto``, which is ``all`` for PerXAN).  ``N`` keeps
+PerXAN in the stem and the first ``N`` stages of
+:func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
 DenseNet dense block k with transition k) and turns the later ones back into
-plain ``BatchNorm2d``.  Those plain BN layers are **shared**: weight, bias and
-running statistics averaged like every other parameter (step counters stay
-local), as the public code's rule (personal = keys containing ``batchnorm``,
-which plain BN keys do not) makes them.
+plain ``BatchNorm2d`` (:func:`~mpifl.models.surgery.place_composite_norms`,
+the one placement rule of every composite norm; ``--norm-blocks``, when
+given, wins over ``--perxan-blocks``).  Those plain BN layers are
+**shared**: weight, bias and running statistics averaged like every other
+parameter (step counters stay local), as the public code's rule (personal =
+keys containing ``batchnorm``, which plain BN keys do not) makes them.
+
+**The ablation's layers (``--norm ibn`` / ``--norm dson``).**  gPerXAN's
+rule reads the BN side of composite norm layers (``StateEntry.is_bn_side``),
+so PerXAN may be replaced by IBN-Net's IBN-a (its BN half stays personal, its
+IN half is averaged; placed as IBN-a by default: every stage but the last)
+or by DSON (every entry of the layer is domain-specific, so the whole layer
+stays personal).  Other kinds have no BN side and are refused.
 
 **Guiding regularizer (section 3.2, eqs. 3-4).**  Local loss
 ``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
@@ -60,11 +70,7 @@ from __future__ import annotations
 import copy
 
 import torch.nn.functional as F
-from torch import nn
 
-from ..errors import MpiflError
-from ..models.perxan import PerXAN
-from ..models.surgery import stage_outputs
 from ..plan.config import Option
 from .fedavg import FedAvg
 from .held_out import HeldOutAverage
@@ -74,43 +80,33 @@ class GPerXAN(HeldOutAverage, FedAvg):
     name = "gperxan"
     summary = "gPerXAN: PerXAN layers with personal BN sides + guiding regularizer through the global classifier"
     norm = "perxan"
+    norms = ("perxan", "ibn", "dson")
+    norms_because = "keeps the BN side of composite norm layers personal, which only these kinds have"
     selects_by = "local-val"
     options = FedAvg.options + (
         Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),
-        Option("perxan_blocks", str, "all", "PerXAN in the stem and the first N stages, plain shared BN after "
-               "(all: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17)"),
+        Option("perxan_blocks", str, "auto", "PerXAN in the stem and the first N stages, plain shared BN after "
+               "(auto: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17); "
+               "--norm-blocks, when given, wins"),
     )
 
     @classmethod
-    def adapt_model(cls, model, cfg):
-        """Turn the PerXAN layers after the first ``--perxan-blocks`` stages back into plain BN."""
-        text = str(cfg.opt("perxan_blocks")).strip()
-        if text == "all":
-            return model
-        ends = stage_outputs(model)
-        if not text.isdigit() or not 1 <= int(text) <= len(ends):
-            raise MpiflError(f"--perxan-blocks must be all or a number of stages from 1 to {len(ends)} for "
-                             f"{type(model).__name__}, got {text!r}")
-        last = ends[int(text) - 1]
-        modules = list(model.named_modules())
-        cut = max(i for i, (n, _) in enumerate(modules) if n == last or n.startswith(last + "."))
-        for name, layer in modules[cut + 1:]:
-            if isinstance(layer, PerXAN):
-                owner, _, attr = name.rpartition(".")
-                plain = nn.BatchNorm2d(layer.num_features).to(next(layer.parameters()).device)
-                setattr(model.get_submodule(owner), attr, plain)
-        return model
+    def norm_placement(cls, cfg):
+        """``--norm-blocks`` when given, else ``--perxan-blocks``."""
+        if cfg.norm_blocks != "auto":
+            return super().norm_placement(cfg)
+        return str(cfg.opt("perxan_blocks")), "--perxan-blocks"
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.evaluates = ("global", "personal") if cfg.holdout is not None else ("personal",)
 
     def shares(self, entry):
-        return not entry.is_perxan_bn_side and entry.attr != "num_batches_tracked"
+        return not entry.is_bn_side and entry.attr != "num_batches_tracked"
 
     def averaged_for_held_out(self, entry):
         """The BN sides (affine and running statistics, not the step counter)."""
-        return entry.is_perxan_bn_side and entry.attr != "num_batches_tracked"
+        return entry.is_bn_side and entry.attr != "num_batches_tracked"
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):

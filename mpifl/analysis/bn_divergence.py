@@ -61,7 +61,7 @@ def bn_layers(ckpt: Checkpointed) -> list[str]:
     """Names of the model's BatchNorm layers (PerXAN BN sides included) that track running statistics."""
     entries = state_entries(ckpt.session.build_model())
     return [e.key.removesuffix(".running_mean") for e in entries
-            if e.attr == "running_mean" and (e.module_kind == "bn" or e.is_perxan_bn_side)]
+            if e.attr == "running_mean" and (e.module_kind == "bn" or e.is_bn_side)]
 
 
 def divergence(mean_a: torch.Tensor, var_a: torch.Tensor, mean_b: torch.Tensor, var_b: torch.Tensor) -> dict:

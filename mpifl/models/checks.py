@@ -26,7 +26,7 @@ from mpifl.errors import MpiflError
 from mpifl.models.norm import CONV_KINDS, supports_vectors
 
 #: Norm kinds with per-instance spatial statistics in training (need >= 2x2 maps).
-INSTANCE_NORMS = frozenset({"in", "perxan"})
+INSTANCE_NORMS = frozenset({"in", "perxan", "ibn", "dson"})
 _SEARCH_LIMIT = 4096
 
 

@@ -36,6 +36,20 @@ The kinds are the normalizations the multi-domain FL papers compare:
     FedStein's JSNorm (:class:`~mpifl.models.jsbn.JSBatchNorm2d`): a
     BatchNorm (same state, classified ``bn``) that normalizes with
     James-Stein-shrunk batch statistics in training.
+``ibn``
+    IBN-Net's IBN-a layer (:class:`~mpifl.models.ibn.IBN`): IN (affine) on
+    the first half of the channels, BN on the other half.  On vectors plain
+    BatchNorm1d: IBN-a keeps BN wherever it puts no IN, and a feature vector
+    has no spatial instance statistics.
+``dson``
+    DSON's optimized normalization (:class:`~mpifl.models.dson.DSON`): BN and
+    IN statistics mixed by learned softmax weights, one affine; every entry
+    domain-specific.  Conv layers only.
+
+``perxan``, ``ibn`` and ``dson`` are the *composite* kinds
+(:data:`COMPOSITE_KINDS`): their state has a BN side (``StateEntry.part``)
+and they stand in the first stages of a model only when
+:func:`~mpifl.models.surgery.place_composite_norms` says so.
 
 The table :data:`_NORMS` maps kind -> builder; new kinds are new rows.
 
@@ -52,7 +66,9 @@ from typing import Callable, NamedTuple
 from torch import nn
 
 from mpifl.errors import MpiflError
+from mpifl.models.dson import DSON
 from mpifl.models.fednn import AdaptiveGroupNorm, WNConv2d
+from mpifl.models.ibn import IBN
 from mpifl.models.jsbn import JSBatchNorm1d, JSBatchNorm2d
 from mpifl.models.perxan import PerXAN
 from mpifl.models.wsconv import WSConv2d
@@ -92,6 +108,14 @@ def _perxan(channels: int, dims: int) -> nn.Module:
     return PerXAN(channels)
 
 
+def _ibn(channels: int, dims: int) -> nn.Module:
+    return IBN(channels) if dims == 2 else nn.BatchNorm1d(channels)
+
+
+def _dson(channels: int, dims: int) -> nn.Module:
+    return DSON(channels)
+
+
 def _agn(channels: int, dims: int) -> nn.Module:
     return AdaptiveGroupNorm(channels, num_groups=2 if channels % 2 == 0 else 1)
 
@@ -110,9 +134,13 @@ _NORMS: dict[str, _NormSpec] = {
     "perxan": _NormSpec(_perxan, False),
     "agn": _NormSpec(_agn, True),
     "jsbn": _NormSpec(_jsbn, True),
+    "ibn": _NormSpec(_ibn, True),
+    "dson": _NormSpec(_dson, False),
 }
 
 NORM_KINDS: tuple[str, ...] = tuple(_NORMS)
+#: kinds whose layers have a BN side and go in a model's first stages (``--norm-blocks``)
+COMPOSITE_KINDS: tuple[str, ...] = ("perxan", "ibn", "dson")
 
 
 def _spec(kind: str) -> _NormSpec:

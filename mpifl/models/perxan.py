@@ -34,7 +34,7 @@ IN side    ``inorm.weight``, ``inorm.bias``, ``in_score``
 (The public code selects the personal keys by ``"batchnorm" in key``, which
 takes its ``batchnorm.*`` and ``score_batchnorm``: the same split.)
 :func:`mpifl.models.state_entries` reports ``module_kind="perxan"`` and
-``part="bn"`` / ``"in"`` for these entries (``StateEntry.is_perxan_bn_side``).
+``part="bn"`` / ``"in"`` for these entries (``StateEntry.is_bn_side``).
 
 For a BN-pretrained backbone (paper section 4: "parameters related to BN
 layers are initialized with ImageNet pre-trained weights") use

@@ -35,6 +35,10 @@ device and floating dtype of the one it replaces.
     forward hooks, leaving every existing module and state-dict key as it
     is; :func:`stage_outputs` names where each registered architecture ends
     a stage of its feature extractor.
+
+:func:`place_composite_norms` (``--norm-blocks``)
+    keeps the composite norm layers (PerXAN, IBN, DSON) of the first stages
+    only and turns the later ones back into plain ``BatchNorm2d``.
 """
 
 from __future__ import annotations
@@ -48,9 +52,12 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mpifl.errors import MpiflError
 from mpifl.models.fednn import AdaptiveGroupNorm
 from mpifl.models.norm import _CONVS, CONV_KINDS, make_norm, supports_vectors
+from mpifl.models.dson import DSON
+from mpifl.models.ibn import IBN
 from mpifl.models.perxan import PerXAN
 
-_COMPOSITE_NORMS = (PerXAN, AdaptiveGroupNorm)  # their inner BNs belong to them
+_COMPOSITE_NORMS = (PerXAN, IBN, AdaptiveGroupNorm)  # their inner BNs belong to them
+_PLACED_NORMS = (PerXAN, IBN, DSON)  # the kinds place_composite_norms puts in the first stages
 
 
 def _like(new: nn.Module, old: nn.Module) -> nn.Module:
@@ -272,3 +279,60 @@ def insert_after(model: nn.Module, names: list[str], make: Callable[[int], nn.Mo
     for name, layer in zip(names, layers):
         model.get_submodule(name).register_forward_hook(_ApplyAfter(layer))
     return layers
+
+
+# ------------------------------------------------------------------ composite norm placement
+def default_norm_blocks(model: nn.Module) -> str:
+    """``--norm-blocks auto``: ``all`` for PerXAN and DSON (their authors' code replaces every BN); for IBN,
+    every stage but the last (IBN-a: IBN in ResNet's conv2_x..conv4_x, not conv5_x), at least one."""
+    if any(isinstance(m, IBN) for m in model.modules()):
+        return str(max(len(stage_outputs(model)) - 1, 1))
+    return "all"
+
+
+def _first_stages(model: nn.Module, blocks: str, flag: str) -> set[str] | None:
+    """Names of the modules up to the end of stage ``blocks`` (the stem included); None for ``all``."""
+    if blocks == "all":
+        return None
+    ends = stage_outputs(model)
+    if not blocks.isdigit() or not 1 <= int(blocks) <= len(ends):
+        raise MpiflError(f"{flag} must be auto, all or a number of stages from 1 to {len(ends)} for "
+                         f"{type(model).__name__}, got {blocks!r}")
+    last = ends[int(blocks) - 1]
+    names = [n for n, _ in model.named_modules()]
+    cut = max(i for i, n in enumerate(names) if n == last or n.startswith(last + "."))
+    return set(names[: cut + 1])
+
+
+def _residual_first_norms(model: nn.Module) -> set[str]:
+    """``<block>.bn1`` of every residual block (a submodule with ``bn1`` and ``bn2``: torchvision's
+    BasicBlock and Bottleneck, the CIFAR ResNet's block)."""
+    return {f"{name}.bn1" for name, m in model.named_modules()
+            if name and hasattr(m, "bn1") and hasattr(m, "bn2")}
+
+
+def place_composite_norms(model: nn.Module, blocks: str, flag: str) -> nn.Module:
+    """Keep PerXAN, IBN and DSON layers where ``blocks`` puts them, plain ``BatchNorm2d`` elsewhere.
+
+    ``blocks``: ``auto`` (:func:`default_norm_blocks`), ``all``, or ``N``: the stem and the first ``N``
+    stages of :func:`stage_outputs`.  IBN follows IBN-a inside those stages: in a model with residual
+    blocks only each block's first norm (``bn1``) is IBN and the stem's norm stays BN; in a plain CNN,
+    DenseNet or MobileNetV2 every norm of those stages is IBN.  A ``blocks`` other than ``auto`` on a
+    model without such layers is a one-line error naming ``flag``.
+    """
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _PLACED_NORMS)]
+    if not layers:
+        if blocks != "auto":
+            raise MpiflError(f"{flag} places perxan, ibn and dson layers and this model has none; "
+                             f"drop {flag} or pick one of those with --norm")
+        return model
+    text = default_norm_blocks(model) if blocks == "auto" else blocks.strip()
+    kept = _first_stages(model, text, flag)
+    residual = _residual_first_norms(model)
+    for name, layer in layers:
+        in_stages = kept is None or name in kept
+        ibn_here = not isinstance(layer, IBN) or not residual or name in residual
+        if not (in_stages and ibn_here):
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, _like(nn.BatchNorm2d(layer.num_features), layer))
+    return model

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from ..client.normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 from ..errors import MpiflError
 from ..client.transforms import TRANSFORMS, parse
+from ..models.norm import NORM_KINDS
 
 OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
 LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
@@ -48,6 +49,8 @@ class RunConfig:
     data: str = "styledigits"
     data_root: str = "datasets"
     model: str = "auto"
+    norm: str = "auto"  # auto: the method's own kind (Algorithm.norm)
+    norm_blocks: str = "auto"  # placement of composite norms (mpifl.models.surgery.place_composite_norms)
     pretrained: str | None = None
     rounds: int = 10
     local_epochs: int = 1
@@ -171,6 +174,7 @@ def coerce(name: str, value: Any, kind: type) -> Any:
 def check(cfg: RunConfig) -> None:
     """Value ranges that every run must satisfy (one-line errors)."""
     rules = [
+        (cfg.norm in ("auto",) + NORM_KINDS, f"--norm must be auto or one of {', '.join(NORM_KINDS)}"),
         (cfg.rounds >= 1, "--rounds must be >= 1"),
         (cfg.local_epochs >= 1, "--local-epochs must be >= 1"),
         (cfg.batch_size >= 1, "--batch-size must be >= 1"),

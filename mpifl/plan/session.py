@@ -19,7 +19,7 @@ from ..algorithms import Algorithm, get_algorithm
 from ..client.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
-from ..models import PretrainedLoad, build_model, load_pretrained, state_entries
+from ..models import PretrainedLoad, load_pretrained, state_entries
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
 from .clients import SPLITS, ClientSpec, make_clients
@@ -121,7 +121,6 @@ def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
 
 
 def _model(cfg: RunConfig, manifest: DatasetManifest, algo_cls: type[Algorithm]) -> nn.Module:
-    """The run's network, with the normalization and convolution its algorithm asks for."""
-    model = build_model(cfg.model, num_classes=manifest.num_classes, in_channels=manifest.channels,
-                        image_size=tuple(manifest.image_size), norm=algo_cls.norm, conv=algo_cls.conv)
-    return algo_cls.adapt_model(model, cfg)
+    """The run's network, with the normalization (``--norm`` or the method's) and convolution it asks for."""
+    return algo_cls.network(cfg, num_classes=manifest.num_classes, in_channels=manifest.channels,
+                            image_size=tuple(manifest.image_size))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads, get_algorithm
 from mpifl.errors import MpiflError
-from mpifl.models import PerXAN, build_model, state_entries
+from mpifl.models import PerXAN, state_entries
 from mpifl.plan.config import RunConfig
 
 from .helpers import client_meta, make_algo
@@ -22,9 +22,9 @@ def test_no_bn_side_tensor_crosses_the_wire_without_a_held_out_domain():
     algo, _, entries = _algo()
     policy = algo.policy()
     sent = [s.name for s in policy.download + policy.upload]
-    assert sent and not any(entries[k].is_perxan_bn_side for k in sent)
+    assert sent and not any(entries[k].is_bn_side for k in sent)
     assert any(entries[k].module_kind == "perxan" and entries[k].part == "in" for k in sent)
-    assert {s.name for s in policy.private} == {k for k, e in entries.items() if e.is_perxan_bn_side}
+    assert {s.name for s in policy.private} == {k for k, e in entries.items() if e.is_bn_side}
     assert algo.evaluates == ("personal",)
 
 
@@ -33,7 +33,7 @@ def test_with_a_held_out_domain_bn_sides_go_up_and_only_their_average_comes_down
     policy = algo.policy()
     model_keys = set(entries)
     down_model = [s.name for s in policy.download if s.name in model_keys]
-    assert not any(entries[k].is_perxan_bn_side for k in down_model)
+    assert not any(entries[k].is_bn_side for k in down_model)
     extra_down = [s.name for s in policy.download if s.name not in model_keys]
     assert extra_down and all(n.startswith("gperxan.global_bn/") for n in extra_down)
     assert not any(n.endswith("num_batches_tracked") for n in extra_down)
@@ -73,15 +73,15 @@ def test_guiding_term_is_lambda_ce_of_the_frozen_global_head_and_trains_only_the
     assert model.conv1.weight.grad is not None and model.conv1.weight.grad.abs().sum() > 0
 
 
-def _adapted(blocks=None, model="smallcnn", image_size=(28, 28)):
-    """(algorithm, model) with ``--perxan-blocks blocks`` (None: the default), the model adapted as the
-    session does."""
+def _adapted(blocks=None, model="smallcnn", image_size=(28, 28), **core):
+    """(algorithm, model) with ``--perxan-blocks blocks`` (None: the default) and core options ``core``
+    (``norm``, ``norm_blocks``), the network built as the session does."""
     cls = get_algorithm("gperxan")
     options = {o.name: o.default for o in cls.options}
     if blocks is not None:
         options["perxan_blocks"] = blocks
-    cfg = RunConfig(algo="gperxan", algo_options=options)
-    net = cls.adapt_model(build_model(model, num_classes=10, image_size=image_size, norm=cls.norm), cfg)
+    cfg = RunConfig(algo="gperxan", model=model, algo_options=options, **core)
+    net = cls.network(cfg, num_classes=10, image_size=image_size)
     return cls(cfg, state_entries(net)), net
 
 
@@ -112,5 +112,5 @@ def test_perxan_blocks_on_densenet_is_the_first_dense_block_with_its_transition(
 
 @pytest.mark.parametrize("blocks", ["0", "4", "two"])
 def test_perxan_blocks_out_of_range_is_a_one_line_error(blocks):
-    with pytest.raises(MpiflError, match="--perxan-blocks must be all or a number of stages from 1 to 3"):
+    with pytest.raises(MpiflError, match="--perxan-blocks must be auto, all or a number of stages from 1 to 3"):
         _adapted(blocks)

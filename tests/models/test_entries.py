@@ -6,8 +6,10 @@ from torch import nn
 
 from mpifl.models import NORM_KINDS, StateEntry, build_model, state_entries
 
-CONV_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "in": "in", "perxan": "perxan", "agn": "agn"}
-FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn"}  # in, none, perxan: Identity
+CONV_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "in": "in", "perxan": "perxan", "agn": "agn",
+                  "ibn": "ibn", "dson": "dson"}
+# in, none, perxan, dson: Identity after linear layers
+FC_NORM_KIND = {"jsbn": "bn", "bn": "bn", "gn": "gn", "ln": "ln", "agn": "agn", "ibn": "bn"}
 
 
 @pytest.mark.parametrize("norm", NORM_KINDS)
@@ -33,11 +35,13 @@ def test_digitmodel_entries_match_state_dict(norm):
             expected = FC_NORM_KIND[norm]
         assert e.module_kind == expected, e.key
         assert e.is_norm == owner.startswith("bn")
-        if expected == "perxan":
+        if expected in ("perxan", "ibn"):
             side = "bn" if e.key.split(".")[1] in ("bn", "bn_score") else "in"
-            assert (e.part, e.is_perxan_bn_side) == (side, side == "bn"), e.key
+            assert (e.part, e.is_bn_side) == (side, side == "bn"), e.key
+        elif expected == "dson":  # every entry domain-specific
+            assert (e.part, e.is_bn_side) == ("bn", True), e.key
         else:
-            assert (e.part, e.is_perxan_bn_side) == ("", False), e.key
+            assert (e.part, e.is_bn_side) == ("", False), e.key
 
 
 def test_digitmodel_bn_flags_and_sizes():
@@ -124,7 +128,7 @@ def test_entries_are_frozen():
 
 def test_perxan_sides_and_bn_stats():
     entries = state_entries(build_model("smallcnn", num_classes=10, norm="perxan"))
-    bn_side = [e.key for e in entries if e.is_perxan_bn_side]
+    bn_side = [e.key for e in entries if e.is_bn_side]
     in_side = [e.key for e in entries if e.part == "in"]
     layer_bn = ["bn.weight", "bn.bias", "bn.running_mean", "bn.running_var",
                 "bn.num_batches_tracked", "bn_score"]  # fmt: skip

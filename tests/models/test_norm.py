@@ -12,7 +12,7 @@ from mpifl.models.norm import gn_groups, supports_vectors
 
 
 def test_norm_kinds_are_the_five_base_kinds_then_the_papers():
-    assert NORM_KINDS == ("bn", "gn", "ln", "in", "none", "perxan", "agn", "jsbn")
+    assert NORM_KINDS == ("bn", "gn", "ln", "in", "none", "perxan", "agn", "jsbn", "ibn", "dson")
 
 
 @pytest.mark.parametrize("dims, cls", [(2, nn.BatchNorm2d), (1, nn.BatchNorm1d)])

@@ -9,11 +9,13 @@ from mpifl.errors import MpiflError
 from mpifl.models import (
     NORM_KINDS,
     AdaptiveGroupNorm,
+    IBN,
     PerXAN,
     WNConv2d,
     WSConv2d,
     build_model,
     replace_convs,
+    place_composite_norms,
     replace_norms,
     set_input_channels,
 )
@@ -40,8 +42,8 @@ class Net(nn.Module):
 
 
 def plain_bns(model, kind=None):
-    """BatchNorms outside PerXAN layers; with ``kind``, those that are not its layers."""
-    inner = {id(m.bn) for m in model.modules() if isinstance(m, PerXAN)}
+    """BatchNorms outside PerXAN and IBN layers; with ``kind``, those that are not its layers."""
+    inner = {id(m.bn) for m in model.modules() if isinstance(m, (PerXAN, IBN))}
     own = () if kind is None else (norm_type(kind, 1), norm_type(kind, 2))
     return [n for n, m in model.named_modules()
             if isinstance(m, _BatchNorm) and id(m) not in inner and type(m) not in own]  # fmt: skip
@@ -162,3 +164,49 @@ def test_surgery_on_a_registry_model():
     assert all(isinstance(m, AdaptiveGroupNorm) for n, m in model.named_modules() if "bn" in n)
     assert replace_convs(model, "ws") == 19
     assert model(torch.randn(2, 3, 8, 8)).shape == (2, 10)
+
+
+# ------------------------------------------------------------------ place_composite_norms (--norm-blocks)
+def _kinds(model, names):
+    modules = dict(model.named_modules())
+    return [type(modules[n]).__name__ for n in names]
+
+
+def test_ibn_default_is_every_stage_but_the_last():
+    model = place_composite_norms(build_model("smallcnn", num_classes=10, norm="ibn"), "auto", "--norm-blocks")
+    assert _kinds(model, ["norm1", "norm2", "norm3"]) == ["IBN", "IBN", "BatchNorm2d"]
+
+
+def test_ibn_in_a_resnet_is_the_first_norm_of_each_residual_block_of_the_first_stages_as_ibn_a():
+    model = place_composite_norms(build_model("resnet20", num_classes=10, image_size=(32, 32), norm="ibn"),
+                                  "auto", "--norm-blocks")
+    ibn = sorted(n for n, m in model.named_modules() if isinstance(m, IBN))
+    assert ibn == [f"layer{s}.{b}.bn1" for s in (1, 2) for b in range(3)]  # stem BN, bn2 BN, layer3 BN
+    assert _kinds(model, ["bn1", "layer1.0.bn2", "layer3.0.bn1"]) == ["BatchNorm2d"] * 3
+    every = place_composite_norms(build_model("resnet20", num_classes=10, image_size=(32, 32), norm="ibn"),
+                                  "all", "--norm-blocks")
+    assert sum(isinstance(m, IBN) for m in every.modules()) == 9
+
+
+def test_dson_and_perxan_default_to_every_layer_and_n_keeps_the_stem_and_first_stages():
+    model = place_composite_norms(build_model("smallcnn", num_classes=10, norm="dson"), "auto", "--norm-blocks")
+    assert _kinds(model, ["norm1", "norm2", "norm3"]) == ["DSON"] * 3
+    model = place_composite_norms(build_model("resnet20", num_classes=10, image_size=(32, 32), norm="dson"),
+                                  "1", "--norm-blocks")
+    assert _kinds(model, ["bn1", "layer1.2.bn2", "layer2.0.bn1"]) == ["DSON", "DSON", "BatchNorm2d"]
+
+
+@pytest.mark.parametrize("blocks, message", [
+    ("4", "--norm-blocks must be auto, all or a number of stages from 1 to 3 for SmallCNN, got '4'"),
+    ("x", "--norm-blocks must be auto, all or a number of stages from 1 to 3"),
+])  # fmt: skip
+def test_norm_blocks_out_of_range_is_one_line(blocks, message):
+    with pytest.raises(MpiflError, match=message):
+        place_composite_norms(build_model("smallcnn", num_classes=10, norm="ibn"), blocks, "--norm-blocks")
+
+
+def test_norm_blocks_on_a_model_without_composite_norms_is_refused():
+    with pytest.raises(MpiflError, match="--norm-blocks places perxan, ibn and dson layers and this model has none"):
+        place_composite_norms(build_model("smallcnn", num_classes=10, norm="bn"), "2", "--norm-blocks")
+    model = build_model("smallcnn", num_classes=10, norm="bn")
+    assert place_composite_norms(model, "auto", "--norm-blocks") is model

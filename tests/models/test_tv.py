@@ -14,6 +14,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mpifl.errors import MpiflError
 from mpifl.models import (
     NORM_KINDS,
+    IBN,
     PerXAN,
     WNConv2d,
     WSConv2d,
@@ -44,8 +45,8 @@ def meta(name, side=64, **kw):
 
 
 def plain_bns(model, kind):
-    """BatchNorms outside PerXAN layers that are not ``kind``'s layer (JSNorm is a BN subclass)."""
-    inner = {id(m.bn) for m in model.modules() if isinstance(m, PerXAN)}
+    """BatchNorms outside PerXAN and IBN layers that are not ``kind``'s layer (JSNorm is a BN subclass)."""
+    inner = {id(m.bn) for m in model.modules() if isinstance(m, (PerXAN, IBN))}
     own = norm_class(kind)
     return [n for n, m in model.named_modules()
             if isinstance(m, _BatchNorm) and id(m) not in inner and type(m) is not own]  # fmt: skip
@@ -166,7 +167,7 @@ def test_paper_configurations(name, norm, conv):
     assert plain_bns(model, norm) == []
     entries = state_entries(model)  # every entry classifiable for share policies
     if norm == "perxan":
-        assert sum(e.is_perxan_bn_side for e in entries) == 6 * 53  # 53 BNs in ResNet-50
+        assert sum(e.is_bn_side for e in entries) == 6 * 53  # 53 BNs in ResNet-50
     if conv == "ws":
         assert all(e.module_kind == "conv" for e in entries if e.attr == "gain")
 

@@ -1,0 +1,53 @@
+"""IBN-Net's instance-batch normalization layer (IBN-a).
+
+Pan, Luo, Shi & Tang, "Two at Once: Enhancing Learning and Generalization
+Capacities via IBN-Net", ECCV 2018, section 3.2 (IBN-a): in a layer with C
+channels, the first ``h = floor(C / 2)`` channels are instance-normalized
+(affine, no running statistics) and the other ``C - h`` batch-normalized::
+
+    y[:, :h] = IN(x[:, :h]),    y[:, h:] = BN(x[:, h:])
+
+as the authors' public code (``IBN(planes, ratio=0.5)``: ``half = int(planes
+* ratio)``).  Both halves use torch's defaults (eps 1e-5, BN momentum 0.1).
+
+Where the layers go (IBN-a: the first norm of each residual block of the
+first stages, not the last stage, the stem's norm plain BN) is the placement
+rule of :func:`~mpifl.models.surgery.place_composite_norms`.
+
+State-dict keys relative to the layer, and the side
+:func:`mpifl.models.state_entries` reports (``module_kind="ibn"``):
+
+=========  =====================================================================
+BN half    ``bn.weight``, ``bn.bias``, ``bn.running_mean``, ``bn.running_var``,
+           ``bn.num_batches_tracked`` (``part="bn"``)
+IN half    ``inorm.weight``, ``inorm.bias`` (``part="in"``)
+=========  =====================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class IBN(nn.Module):
+    """IBN-a: IN (affine) on the first ``C // 2`` channels, BN on the rest."""
+
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.num_features = num_features
+        self.half = num_features // 2
+        self.inorm = nn.InstanceNorm2d(self.half, affine=True)
+        self.bn = nn.BatchNorm2d(num_features - self.half)
+
+    @staticmethod
+    def part_of(key: str) -> str:
+        """``"bn"`` or ``"in"``: the half a state-dict key (relative to the layer) belongs to."""
+        head = key.split(".", 1)[0]
+        if head in ("bn", "inorm"):
+            return "bn" if head == "bn" else "in"
+        raise KeyError(f"{key!r} is not an IBN state entry")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, rest = torch.split(x, [self.half, self.num_features - self.half], dim=1)
+        return torch.cat([self.inorm(first.contiguous()), self.bn(rest.contiguous())], dim=1)
