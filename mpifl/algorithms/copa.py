@@ -143,6 +143,7 @@ class COPA(FedAvg):
         return weight[rows], None if bias is None else bias[rows]
 
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         self._ensemble = None
         others = [r for cid, r in self.row.items() if cid != client.id]
         self._frozen = self.stacked(download, others)

@@ -217,17 +217,21 @@ class ELCFS(FedAvg):
         boundary-oriented term here)."""
         return self.task_loss(functional_call(model, weights, (x_moved,)), y)
 
-    def episodic_loss(self, model, x: torch.Tensor, x_moved: torch.Tensor,
+    def episodic_loss(self, client, model, x: torch.Tensor, x_moved: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L(x; theta) + L_out(x'; theta'), logits of x) with theta' one clamped inner step from theta."""
-        logits = model(x)
+        """(L(x; theta) + L_out(x'; theta'), logits of x) with theta' one clamped inner step from theta; with
+        ``--guide-lambda`` the guiding term of the meta-train features is added to the total (not to the
+        inner step's loss), as gPerXAN's ablation adds it to ELCFS's local loss."""
+        features = model.encode(x)
+        logits = model.classifier(features)
         inner = self.task_loss(logits, y)
         params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         grads = torch.autograd.grad(inner, list(params.values()), retain_graph=True,
                                     create_graph=self.cfg.opt("elcfs_order") == "second")
         beta, g_max = self.cfg.opt("elcfs_inner_lr"), self.cfg.opt("elcfs_clip")
         adapted = {k: p - beta * g.clamp(-g_max, g_max) for (k, p), g in zip(params.items(), grads)}
-        return inner + self.meta_test_loss(model, adapted, x_moved, y), logits
+        total = inner + self.meta_test_loss(model, adapted, x_moved, y)
+        return self.plus_extra(total, client, model, features, logits, y), logits
 
     def batch_loss(self, client, model, x, y):
-        return self.episodic_loss(model, x, self.interpolated_inputs(client.id, x), y)
+        return self.episodic_loss(client, model, x, self.interpolated_inputs(client.id, x), y)

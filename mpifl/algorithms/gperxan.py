@@ -34,8 +34,9 @@ stays personal).  Other kinds have no BN side and are refused.
 ``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
 global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient).
-``--guide-lambda`` defaults to 0.5, the authors' public code (the paper
-searches [0, 1] in steps of 0.25).
+It is the plug-in every method takes (:mod:`mpifl.algorithms.guide`), on here
+by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
+paper searches [0, 1] in steps of 0.25).
 
 **Evaluation.**  Source clients are evaluated with their personal models.
 For leave-one-domain-out (``--holdout``) the paper builds the global model
@@ -67,10 +68,6 @@ and ImageNet input normalization (what ``--pretrained`` applies).
 
 from __future__ import annotations
 
-import copy
-
-import torch.nn.functional as F
-
 from ..plan.config import Option
 from .fedavg import FedAvg
 from .held_out import HeldOutAverage
@@ -83,8 +80,8 @@ class GPerXAN(HeldOutAverage, FedAvg):
     norms = ("perxan", "ibn", "dson")
     norms_because = "keeps the BN side of composite norm layers personal, which only these kinds have"
     selects_by = "local-val"
+    default_guide_lambda = 0.5
     options = FedAvg.options + (
-        Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),
         Option("perxan_blocks", str, "auto", "PerXAN in the stem and the first N stages, plain shared BN after "
                "(auto: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17); "
                "--norm-blocks, when given, wins"),
@@ -107,10 +104,3 @@ class GPerXAN(HeldOutAverage, FedAvg):
     def averaged_for_held_out(self, entry):
         """The BN sides (affine and running statistics, not the step counter)."""
         return entry.is_bn_side and entry.attr != "num_batches_tracked"
-
-    # ------------------------------------------------------------------ client
-    def begin_local(self, client, model, download):
-        self._global_head = copy.deepcopy(model.classifier).requires_grad_(False)
-
-    def extra_loss(self, client, model, features, logits, labels):
-        return self.cfg.opt("guide_lambda") * F.cross_entropy(self._global_head(features), labels)

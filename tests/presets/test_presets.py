@@ -140,6 +140,16 @@ def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
         load_preset("nope")
 
 
+@pytest.mark.parametrize("algo, guide", [("fedavg", 0.0), ("elcfs", 0.0), ("gperxan", 0.5)])
+def test_gperxan_presets_guide_only_gperxan(algo, guide):
+    """The table's baselines run unguided; gPerXAN with its own lambda 0.5."""
+    for name in ("gperxan-t2-pacs", "gperxan-t2-officehome", "gperxan-t3-camelyon17"):
+        ctx = main.make_context("mpifl.run", ["--preset", name, "--algo", algo])
+        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+        cfg, _ = build_config(ctx, None, params)
+        assert cfg.opt("guide_lambda") == guide, name
+
+
 def test_list_presets_shows_every_preset_with_its_source():
     result = CliRunner().invoke(main, ["--list-presets"])
     assert result.exit_code == 0, result.output
