@@ -151,6 +151,7 @@ class Algorithm:
             REGISTRY[name] = cls
 
     def __init__(self, cfg: RunConfig, entries: list[StateEntry]):
+        self.check_choices(cfg)
         if self.fresh_optimizer and cfg.keep_optimizer:
             raise MpiflError(f"--keep-optimizer: {self.name} divides by the distance K local steps move from a "
                              "fresh optimizer (FedNova's a_K), which kept momentum or Adam moments make wrong; "
@@ -199,9 +200,18 @@ class Algorithm:
                 image_size: tuple[int, int] = (28, 28)) -> nn.Module:
         """The network the method trains: ``cfg.model`` with :meth:`norm_kind` and :attr:`conv`, composite
         norms placed by :meth:`norm_placement`, then :meth:`adapt_model`."""
+        cls.check_choices(cfg)
         model = build_model(cfg.model, num_classes=num_classes, in_channels=in_channels,
                             image_size=tuple(image_size), norm=cls.norm_kind(cfg), conv=cls.conv)
         return cls.adapt_model(place_composite_norms(model, *cls.norm_placement(cfg)), cfg)
+
+    @classmethod
+    def check_choices(cls, cfg: RunConfig) -> None:
+        """One line for a rule option (an :class:`Option` with ``choices``) given a value it does not take."""
+        for option in cls.options:
+            if option.choices and cfg.opt(option.name) not in option.choices:
+                raise MpiflError(f"{option.flag} must be one of {', '.join(option.choices)}, "
+                                 f"got {cfg.opt(option.name)!r}")
 
     @classmethod
     def adapt_model(cls, model: nn.Module, cfg: RunConfig) -> nn.Module:

@@ -84,15 +84,13 @@ class COPA(FedAvg):
     evaluates = ("global", "personal")
     options = FedAvg.options + (
         Option("copa_ensemble", str, "prob", "COPA: how the global model combines the N heads: prob (mean of "
-               "softmax probabilities) or logit (mean of logits)"),
+               "softmax probabilities) or logit (mean of logits)", choices=ENSEMBLES),
         Option("copa_frozen_weight", float, 1.0, "COPA: weight lambda of the cross-entropy through the other "
                "clients' frozen heads in the local objective"),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if cfg.opt("copa_ensemble") not in ENSEMBLES:
-            raise MpiflError(f"--copa-ensemble must be one of {', '.join(ENSEMBLES)}, got {cfg.opt('copa_ensemble')!r}")
         if cfg.opt("copa_frozen_weight") < 0:
             raise MpiflError(f"--copa-frozen-weight must be >= 0, got {cfg.opt('copa_frozen_weight')}")
         self.head = {e.attr: e for e in entries if e.is_head}

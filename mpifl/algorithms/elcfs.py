@@ -133,21 +133,19 @@ class ELCFS(FedAvg):
         Option("elcfs_band", float, 0.0, "ELCFS: low-frequency band ratio r, b = floor(min(H, W) r) (0: the "
                "zero frequency alone, authors' code)"),
         Option("elcfs_lambda", str, "one", "ELCFS: interpolation weight: one (the band becomes the other "
-               "client's, authors' code) or uniform (U[0, 1] per image, paper)"),
+               "client's, authors' code) or uniform (U[0, 1] per image, paper)", choices=LAMBDAS),
         Option("elcfs_inner_lr", float, 1e-3, "ELCFS: inner (meta-train) step size beta"),
         Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]"),
         Option("elcfs_order", str, "first", "ELCFS: meta-gradient: first (inner gradient a constant, authors' "
-               "code) or second (through the inner step)"),
+               "code) or second (through the inner step)", choices=ORDERS),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         problems = [(cfg.opt("elcfs_bank") >= 0, "--elcfs-bank must be >= 0 (0: an eighth of the smallest client)"),
                     (0 <= cfg.opt("elcfs_band") <= 0.5, "--elcfs-band must be in [0, 0.5]"),
-                    (cfg.opt("elcfs_lambda") in LAMBDAS, f"--elcfs-lambda must be one of {', '.join(LAMBDAS)}"),
                     (cfg.opt("elcfs_inner_lr") >= 0, "--elcfs-inner-lr must be >= 0"),
                     (cfg.opt("elcfs_clip") > 0, "--elcfs-clip must be > 0"),
-                    (cfg.opt("elcfs_order") in ORDERS, f"--elcfs-order must be one of {', '.join(ORDERS)}"),
                     (cfg.aug != "fedrdn", "--aug fedrdn draws a normalization per mini-batch, which ELCFS cannot "
                      "undo to reach the pixels; use another --aug")]
         for ok, message in problems:

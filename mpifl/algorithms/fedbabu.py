@@ -34,14 +34,13 @@ class FedBABU(FedAvg):
         Option("fedbabu_finetune_epochs", int, 5,
                "FedBABU: epochs of fine-tuning on a client's training data before its personal evaluation"),
         Option("fedbabu_finetune", str, "full",
-               f"FedBABU: what fine-tuning trains: {' or '.join(FINETUNE_PARTS)}"),
+               f"FedBABU: what fine-tuning trains: {' or '.join(FINETUNE_PARTS)}", choices=FINETUNE_PARTS),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if cfg.opt("fedbabu_finetune") not in FINETUNE_PARTS or cfg.opt("fedbabu_finetune_epochs") < 0:
-            raise MpiflError(f"--fedbabu-finetune must be one of {', '.join(FINETUNE_PARTS)} and "
-                             "--fedbabu-finetune-epochs >= 0")
+        if cfg.opt("fedbabu_finetune_epochs") < 0:
+            raise MpiflError("--fedbabu-finetune-epochs must be >= 0")
 
     def shares(self, entry):
         return not entry.is_head and super().shares(entry)

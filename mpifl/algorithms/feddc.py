@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import MpiflError
 from ..plan.config import Option
 from .base import weighted_sum
 from .deltas import (
@@ -105,13 +104,11 @@ class FedDC(FedAvg):
     options = FedAvg.options + (
         ALPHA,
         Option("feddc_rule", str, "code", "FedDC: code (authors' code: alpha and correction per client, "
-               "variates, mean drift of all clients) or paper (Algorithm 1)"),
+               "variates, mean drift of all clients) or paper (Algorithm 1)", choices=RULES),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if cfg.opt("feddc_rule") not in RULES:
-            raise MpiflError(f"--feddc-rule must be one of {', '.join(RULES)}, got {cfg.opt('feddc_rule')!r}")
         self.code = cfg.opt("feddc_rule") == "code"
         self.params = trainable_keys(self)
         self.mean_train = 0.0

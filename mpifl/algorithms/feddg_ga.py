@@ -90,17 +90,13 @@ class FedDGGA(Algorithm):
         Option("ga_step", float, 0.2, "FedDG-GA step size d of the weight adjustment (decays linearly over "
                "--schedule-rounds)"),
         Option("ga_metric", str, "acc", "FedDG-GA gap score on the client's val split: acc (authors' code "
-               "default) or loss (the paper's)"),
+               "default) or loss (the paper's)", choices=METRICS),
         Option("ga_rule", str, "code", "FedDG-GA rule: code (gaps not centred, step d (1 - (q - 2)/R)/N) or "
-               "paper (gaps centred on their mean, step d (1 - q/R)/N)"),
+               "paper (gaps centred on their mean, step d (1 - q/R)/N)", choices=RULES),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if cfg.opt("ga_rule") not in RULES:
-            raise MpiflError(f"--ga-rule must be one of {', '.join(RULES)}, got {cfg.opt('ga_rule')!r}")
-        if cfg.opt("ga_metric") not in METRICS:
-            raise MpiflError(f"--ga-metric must be one of {', '.join(METRICS)}, got {cfg.opt('ga_metric')!r}")
         if not cfg.opt("ga_step") >= 0:
             raise MpiflError(f"--ga-step must be >= 0, got {cfg.opt('ga_step')}")
         self.metric = cfg.opt("ga_metric")

@@ -85,7 +85,7 @@ class FedDyn(FedAvg):
     options = FedAvg.options + (
         ALPHA,
         Option("feddyn_alpha", str, "client", "FedDyn: alpha per client, alpha * mean n / n_k (client, authors' "
-               "code) or one alpha (global, paper)"),
+               "code) or one alpha (global, paper)", choices=ALPHA_RULES),
         Option("feddyn_max_grad_norm", float, 10.0, "FedDyn: clip of the authors' code, L2 norm of the loss and "
                "linear-term gradient before the quadratic's (0 = off)"),
     )
@@ -94,8 +94,6 @@ class FedDyn(FedAvg):
         super().__init__(cfg, entries)
         problems = [(cfg.opt("alpha") > 0, f"--alpha must be > 0 for feddyn (theta = mean - h/alpha), "
                                            f"got {cfg.opt('alpha')}"),
-                    (cfg.opt("feddyn_alpha") in ALPHA_RULES, f"--feddyn-alpha must be one of "
-                     f"{', '.join(ALPHA_RULES)}, got {cfg.opt('feddyn_alpha')!r}"),
                     (cfg.opt("feddyn_max_grad_norm") >= 0, "--feddyn-max-grad-norm must be >= 0 (0 = off)")]
         for ok, message in problems:
             if not ok:

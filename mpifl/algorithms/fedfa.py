@@ -93,9 +93,9 @@ class FedFA(FedAvg):
         Option("fedfa_p", float, FEDFA_P, "FedFA: probability an FFA layer augments a mini-batch"),
         Option("fedfa_momentum", float, FEDFA_MOMENTUM, "FedFA: momentum of the clients' running statistics"),
         Option("fedfa_stats", str, "carry", "FedFA: clients' running statistics at a round start: carry (the "
-               "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)"),
+               "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)", choices=STATS_RULES),
         Option("fedfa_var", str, "layer", "FedFA: the server's variance of client statistics: layer (one value "
-               "over clients and channels, authors' code) or channel (per channel, paper Alg. 1 line 13)"),
+               "over clients and channels, authors' code) or channel (per channel, paper Alg. 1 line 13)", choices=VARIANCE_RULES),
     )
 
     @classmethod
@@ -119,11 +119,7 @@ class FedFA(FedAvg):
                 self.channels[layer] = entry.shape[0]
         if not self.shared_vars:
             raise MpiflError("fedfa: the model has no FFA layers (build it with FedFA.adapt_model)")
-        if cfg.opt("fedfa_stats") not in STATS_RULES:
-            raise MpiflError(f"--fedfa-stats must be one of {', '.join(STATS_RULES)}, got {cfg.opt('fedfa_stats')!r}")
         self.carry = cfg.opt("fedfa_stats") == "carry"
-        if cfg.opt("fedfa_var") not in VARIANCE_RULES:
-            raise MpiflError(f"--fedfa-var must be one of {', '.join(VARIANCE_RULES)}, got {cfg.opt('fedfa_var')!r}")
         self.variance_rule = cfg.opt("fedfa_var")
 
     def sends_back(self, entry):

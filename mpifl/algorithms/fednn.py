@@ -99,11 +99,11 @@ class FedNN(FedProx):
     summary = "FedNN: weight-normalized convs, adaptive group norm (BN/GN by Gumbel-softmax), FedAvg or FedProx"
     options = FedProx.options + (
         Option("tau0", float, AGN_TAU0, "FedNN initial AGN temperature, decayed linearly to ~0 over the rounds"),
-        Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies)"),
+        Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies)", choices=BASES),
         Option("agn_mix", str, "var", "FedNN AGN: mix BN/GN variances (var, authors' code) or standard "
-               "deviations (std, paper eq. 10)"),
+               "deviations (std, paper eq. 10)", choices=MIXES),
         Option("agn_eval", str, "gumbel", "FedNN AGN selection at evaluation: gumbel (noisy draw, authors' code) "
-               "or softmax (noise-free)"),
+               "or softmax (noise-free)", choices=EVAL_SELECTIONS),
     )
     norm = "agn"
     norms = ("agn",)
@@ -114,9 +114,6 @@ class FedNN(FedProx):
     def adapt_model(cls, model, cfg):
         """Every AGN layer mixes by ``--agn-mix`` and draws evaluation noise by ``--agn-eval``."""
         mix, selection = cfg.opt("agn_mix"), cfg.opt("agn_eval")
-        if mix not in MIXES or selection not in EVAL_SELECTIONS:
-            raise MpiflError(f"--agn-mix must be one of {', '.join(MIXES)} and --agn-eval one of "
-                             f"{', '.join(EVAL_SELECTIONS)}, got {mix!r} and {selection!r}")
         for layer in model.modules():
             if isinstance(layer, AdaptiveGroupNorm):
                 layer.mix, layer.eval_noise = mix, selection == "gumbel"
@@ -125,11 +122,8 @@ class FedNN(FedProx):
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.base = cfg.opt("fednn_base")
-        problems = [(self.base in BASES, f"--fednn-base must be one of {', '.join(BASES)}, got {self.base!r}"),
-                    (cfg.opt("tau0") > 0, "--tau0 must be > 0")]
-        for ok, message in problems:
-            if not ok:
-                raise MpiflError(message)
+        if cfg.opt("tau0") <= 0:
+            raise MpiflError("--tau0 must be > 0")
         self.choice_keys = {e.key for e in entries if e.module_kind == "agn" and e.attr == "choice"}
         self.round = 1
         self.eval_round = 1

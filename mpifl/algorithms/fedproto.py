@@ -86,15 +86,13 @@ class FedProto(FedAvg):
     evaluates = ("personal",)
     options = (Option("mu", float, 1.0, "FedProto: weight lambda of the prototype loss"),  # no model is averaged
                Option("proto_epochs", str, "last", "FedProto: local epochs whose features make the prototypes: "
-                      "last (authors' code) or all"))
+                      "last (authors' code) or all", choices=PROTO_EPOCHS))
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.classes, self.dim = head_shape(entries)
         if cfg.opt("mu") < 0:
             raise MpiflError(f"--mu must be >= 0, got {cfg.opt('mu')}")
-        if cfg.opt("proto_epochs") not in PROTO_EPOCHS:
-            raise MpiflError(f"--proto-epochs must be one of {', '.join(PROTO_EPOCHS)}, got {cfg.opt('proto_epochs')!r}")
 
     def shares(self, entry):
         return False

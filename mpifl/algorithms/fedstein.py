@@ -70,9 +70,7 @@ Where the paper is silentWhere the paper is silent or ambiguous (FedStein has no
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from ..errors import MpiflError
 from ..models import james_stein
 from ..models.jsbn import SIGMA2_RULES, _JSNorm
 from ..plan.config import Option
@@ -111,11 +109,9 @@ class FedStein(HeldOutAverage, FedAvg):
         Option("js_sigma2", str, "sampling",
                "FedStein: sigma^2 of eq. (9): sampling (each estimate's own sampling variance, classical "
                "James-Stein) or channels (variance across the vector's channels, as the James-Stein "
-               "normalization layers)"),)
+               "normalization layers)", choices=SIGMA2_RULES),)
 
     def __init__(self, cfg, entries):
-        if cfg.opt("js_sigma2") not in SIGMA2_RULES:
-            raise MpiflError(f"--js-sigma2 must be one of {', '.join(SIGMA2_RULES)}, got {cfg.opt('js_sigma2')!r}")
         super().__init__(cfg, entries)
         if cfg.holdout is not None:
             self.evaluates = ("global", "personal")

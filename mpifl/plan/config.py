@@ -37,6 +37,7 @@ class Option:
     type: type
     default: Any
     help: str
+    choices: tuple[str, ...] = ()  # the values a rule option takes (checked by Algorithm.check_choices)
 
     @property
     def flag(self) -> str:

@@ -5,6 +5,7 @@ import torch
 from mpifl.algorithms import ALGORITHMS, Uploads, get_algorithm, weighted_mean
 from mpifl.algorithms.base import SUM_BLOCK, weighted_sum
 from mpifl.errors import MpiflError
+from mpifl.plan.config import RunConfig
 
 from .helpers import client_meta, gradients_after_shift, make_algo
 
@@ -92,3 +93,16 @@ def test_keep_optimizer_is_refused_where_the_rule_assumes_a_fresh_optimizer():
             make_algo(name, kept)
         make_algo(name, {"momentum": 0.9})
     make_algo("fedavg", kept)
+
+
+def test_a_rule_option_takes_only_its_choices_in_one_line():
+    with_choices = [(name, o) for name, cls in ALGORITHMS.items() for o in cls.options if o.choices]
+    assert len(with_choices) >= 16 and all(o.default in o.choices for _, o in with_choices)
+    for name, option in with_choices:
+        with pytest.raises(MpiflError, match=rf"^{option.flag} must be one of {', '.join(option.choices)}, "
+                                             r"got 'nope'$"):
+            make_algo(name, **{option.name: "nope"})
+    cls = get_algorithm("fednn")  # refused before the model is built and adapted
+    cfg = RunConfig(algo="fednn", algo_options={o.name: o.default for o in cls.options} | {"agn_mix": "sd"})
+    with pytest.raises(MpiflError, match="^--agn-mix must be one of var, std, got 'sd'$"):
+        cls.network(cfg, num_classes=10)
