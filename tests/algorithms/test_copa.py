@@ -14,6 +14,7 @@ from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 
 from ..conftest import read_metrics, run_here
+from ..job.test_checkpoint import numbers
 from .helpers import client_meta, make_algo
 
 HEAD = ("classifier.weight", "classifier.bias")
@@ -136,15 +137,6 @@ def _args(data_root, out, *extra):
             "--lr", "0.05", "--out", str(out), *extra]
 
 
-def _numbers(run):
-    out = []
-    for record in read_metrics(run):
-        record.pop("seconds")
-        record["bytes"] = {k: record["bytes"][k] for k in ("down", "up")}
-        out.append(record)
-    return out
-
-
 def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume(data_root, tmp_path):
     full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "2"))
     assert full.returncode == 0, full.stderr
@@ -163,4 +155,4 @@ def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume
     assert first.returncode == 0, first.stderr
     resumed = run_here("--resume", str(run), "--rounds", "2")
     assert resumed.returncode == 0, resumed.stderr
-    assert _numbers(run) == _numbers(tmp_path / "full")
+    assert numbers(run) == numbers(tmp_path / "full")
