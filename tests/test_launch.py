@@ -30,7 +30,8 @@ def test_local_launcher_passes_mpifl_errors_through(tmp_path):
                           env=env, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mpifl: error: unknown algorithm 'nope'; choose one of: fedavg")
+    assert len(lines) == 1 and lines[0].startswith("mpifl: error: unknown algorithm 'nope'; choose one of: ")
+    assert ", fedavg, " in lines[0]
 
 
 NODE_PROBE = """
