@@ -22,6 +22,10 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   cross-entropy plus :meth:`extra_loss`), :meth:`after_backward`,
   :meth:`end_local`, and :meth:`personalize` (fine-tuning before a personal
   model is evaluated);
+* **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.guide`), which every method
+  takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
+  lambda CE(h_g(features), y); a method overriding either calls ``super()`` (one with its own
+  :meth:`batch_loss` adds :meth:`plus_extra`), and sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images);
 * **the server rule**: :meth:`init_server`, :meth:`download`, :meth:`aggregate`
@@ -55,6 +59,7 @@ from ..plan.config import Option, RunConfig
 from ..plan.optim import build_optimizer, round_lr
 from ..models import StateEntry
 from ..transport.wire import TensorSpec
+from .guide import NAME as GUIDE, frozen_head, guide_loss, with_guide
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,13 @@ class Algorithm:
     #: the method's rule assumes each round's local optimizer starts from zero state (FedNova's a_K,
     #: ``deltas.solver_norm``), so ``--keep-optimizer`` is refused for it
     fresh_optimizer: ClassVar[bool] = False
+    #: the default of ``--guide-lambda``, the guiding regularizer's weight (:mod:`mpifl.algorithms.guide`)
+    default_guide_lambda: ClassVar[float] = 0.0
 
     def __init_subclass__(cls, **kwargs):
+        """Registers a named method, and gives every method ``--guide-lambda`` at its :attr:`default_guide_lambda`."""
         super().__init_subclass__(**kwargs)
+        cls.options = with_guide(cls.options, cls.default_guide_lambda)
         name = cls.__dict__.get("name")
         if name:
             if name in REGISTRY:
@@ -147,6 +156,9 @@ class Algorithm:
         self.lr = cfg.lr  # the local learning rate of the round entered (--lr-schedule)
         self._keys: dict[int, dict[str, list[str]]] = {}
         self.num_training_clients = 0  # N, set by bind_clients
+        # a RunConfig built in code may leave the option out: the method's default
+        self.guide_lambda: float = cfg.algo_options.get(GUIDE, self.default_guide_lambda)
+        self._global_head: nn.Module | None = None  # h_g of the round being trained (guiding regularizer)
 
     @property
     def selection(self) -> str:
@@ -249,6 +261,11 @@ class Algorithm:
             return "feature statistics of the clients' data (normalization running mean or variance)"
         return ""
 
+    def downloads_head(self) -> bool:
+        """Whether this phase's download holds every classifier entry (what the guiding regularizer needs)."""
+        shared = set(self.shared_keys)
+        return all(e.key in shared for e in self.entries if e.is_head)
+
     def policy(self) -> SharePolicy:
         """This phase's tensors per direction and those kept by the client."""
         spec = {e.key: self.entry_spec(e) for e in self.entries}
@@ -318,21 +335,42 @@ class Algorithm:
         return build_optimizer(model.parameters(), self.cfg, lr)
 
     def begin_local(self, client: ClientState, model: nn.Module, download: dict[str, torch.Tensor]) -> None:
-        """Called after the client model is rebuilt, before local training."""
+        """Called after the client model is rebuilt, before local training.  Default: with ``--guide-lambda``,
+        hold the downloaded classifier, frozen (:meth:`hold_global_head`); a method overriding it calls
+        ``super()``."""
+        self.hold_global_head(model)
+
+    def hold_global_head(self, model: nn.Module) -> None:
+        """h_g for the round's local training: the model's classifier as loaded, frozen (None when the guide
+        is off)."""
+        self._global_head = frozen_head(model) if self.guide_lambda else None
+
+    def release_global_head(self) -> None:
+        """Called by the runtime when a round's local training is over: later training (a personalization's
+        fine-tuning) is not guided."""
+        self._global_head = None
 
     def batch_loss(self, client: ClientState, model: nn.Module, x: torch.Tensor,
                    y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(training objective, logits) of one mini-batch: CE(classifier(encode(x)), y) + :meth:`extra_loss`."""
         features = model.encode(x)
         logits = model.classifier(features)
-        loss = F.cross_entropy(logits, y)
-        extra = self.extra_loss(client, model, features, logits, y)
-        return (loss if extra is None else loss + extra), logits
+        return self.plus_extra(F.cross_entropy(logits, y), client, model, features, logits, y), logits
+
+    def plus_extra(self, loss: torch.Tensor, client: ClientState, model: nn.Module, features: torch.Tensor,
+                   logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``loss`` + :meth:`extra_loss` of the mini-batch (``features``: ``model.encode``'s output)."""
+        extra = self.extra_loss(client, model, features, logits, labels)
+        return loss if extra is None else loss + extra
 
     def extra_loss(self, client: ClientState, model: nn.Module, features: torch.Tensor,
                    logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """A term added to the cross-entropy of each mini-batch (None: nothing)."""
-        return None
+        """A term added to the cross-entropy of each mini-batch (None: nothing).  Default: the guiding
+        regularizer lambda CE(h_g(features), labels) while a global head is held; a method overriding it adds
+        ``super()``'s."""
+        if self._global_head is None:
+            return None
+        return guide_loss(self._global_head, self.guide_lambda, features, labels)
 
     def after_backward(self, client: ClientState, model: nn.Module) -> None:
         """Gradient corrections between ``backward()`` and ``optimizer.step()``."""

@@ -181,6 +181,7 @@ class FedDC(FedAvg):
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         self._params = parameters(model, self.params)
         self._w = [p.detach().clone() for p in self._params]
         self._drift = [client.private[DRIFT + k] for k in self.params]

@@ -144,6 +144,7 @@ class FedDyn(FedAvg):
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         self._alpha = self.client_alpha(client.spec.num_train)
         self._params = parameters(model, self.params)
         self._anchor = [p.detach().clone() for p in self._params]

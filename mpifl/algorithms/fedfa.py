@@ -174,6 +174,7 @@ class FedFA(FedAvg):
         return list(getattr(model, ATTR))
 
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         for i, layer in enumerate(self.ffa_layers(model)):
             if self.carry:
                 layer.load_running(download[running_name(i)])

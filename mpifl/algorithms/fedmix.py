@@ -44,6 +44,9 @@ samples and the other clients' data, computed from those averages only.
 * **Everything else is FedAvg**: whole model averaged (BN step counters
   excepted) with sample-count weights (``--uniform-weights``); the global
   model is evaluated.
+* With ``--guide-lambda`` (:mod:`mpifl.algorithms.guide`) the guiding term
+  lambda_g CE(h_g(g((1 - lambda) x)), y) is added: it reads the features of
+  the input the network is run on, with the hard labels.
 
 Hyperparameters: b = 5 and lambda = 0.1, FedRDN's appendix A.2 ("We
 adopted the reported configuration from the original paper.  The batch size
@@ -145,20 +148,23 @@ class FedMix(FedAvg):
         self._labels = rows[:, pixels:].contiguous()
 
     # ------------------------------------------------------------------ client
-    def fedmix_loss(self, model, x, y, x_bar, y_bar):
-        """(the FedMix loss, logits of f((1 - lambda) x)) for given mean images and labels per sample."""
+    def fedmix_loss(self, model, x, y, x_bar, y_bar, client=None):
+        """(the FedMix loss plus :meth:`extra_loss` of the features of ``(1 - lambda) x`` (the guiding
+        regularizer's), logits of f((1 - lambda) x)) for given mean images and labels per sample."""
         lam = self.cfg.opt("fedmix_lambda")
         scaled = ((1 - lam) * x).detach().requires_grad_(True)
-        logits = model.classifier(model.encode(scaled))
+        features = model.encode(scaled)
+        logits = model.classifier(features)
         if lam == 0:  # FedAvg's loss, to the bit (a mean of per-sample terms sums in another order)
-            return F.cross_entropy(logits, y), logits
+            return self.plus_extra(F.cross_entropy(logits, y), client, model, features, logits, y), logits
         ce = F.cross_entropy(logits, y, reduction="none")
         soft = -(y_bar * F.log_softmax(logits, 1)).sum(1)
         total = ce.sum() if self.cfg.opt("fedmix_taylor") == "sample" else ce.mean()
         (grad,) = torch.autograd.grad((1 - lam) * total, scaled, create_graph=True)
         taylor = (grad * x_bar).flatten(1).sum(1)
-        return ((1 - lam) * ce + lam * soft + lam * taylor).mean(), logits
+        loss = ((1 - lam) * ce + lam * soft + lam * taylor).mean()
+        return self.plus_extra(loss, client, model, features, logits, y), logits
 
     def batch_loss(self, client, model, x, y):
         pick = torch.randint(len(self._images), (len(y),)).to(x.device)
-        return self.fedmix_loss(model, x, y, self._images[pick], self._labels[pick])
+        return self.fedmix_loss(model, x, y, self._images[pick], self._labels[pick], client)

@@ -163,6 +163,8 @@ class FedNN(FedProx):
         set_agn_tau(model, self.tau(self.round))
         if self.base == "fedprox":
             super().begin_local(client, model, download)
+        else:  # FedAvg's: no proximal anchor, only what every method holds (the guiding regularizer's head)
+            self.hold_global_head(model)
 
     def after_backward(self, client, model):
         if self.base == "fedprox":

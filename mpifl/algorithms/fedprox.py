@@ -20,6 +20,7 @@ class FedProx(FedAvg):
     options = FedAvg.options + (Option("mu", float, 0.01, "proximal term weight mu"),)
 
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         shared = set(self.shared_keys)
         self._params = [p for n, p in model.named_parameters() if n in shared]
         self._anchor = [p.detach().clone() for p in self._params]

@@ -24,8 +24,9 @@ which plain BN keys do not) makes them.
 ``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
 global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient).
-``--guide-lambda`` defaults to 0.5, the authors' public code (the paper
-searches [0, 1] in steps of 0.25).
+It is the plug-in every method takes (:mod:`mpifl.algorithms.guide`), on here
+by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
+paper searches [0, 1] in steps of 0.25).
 
 **Evaluation.**  Source clients are evaluated with their personal models.
 For leave-one-domain-out (``--holdout``) the paper builds the global model
@@ -57,9 +58,6 @@ and ImageNet input normalization (what ``--pretrained`` applies).
 
 from __future__ import annotations
 
-import copy
-
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MpiflError
@@ -75,8 +73,8 @@ class GPerXAN(HeldOutAverage, FedAvg):
     summary = "gPerXAN: PerXAN layers with personal BN sides + guiding regularizer through the global classifier"
     norm = "perxan"
     selects_by = "local-val"
+    default_guide_lambda = 0.5
     options = FedAvg.options + (
-        Option("guide_lambda", float, 0.5, "weight lambda of the guiding regularizer"),
         Option("perxan_blocks", str, "all", "PerXAN in the stem and the first N stages, plain shared BN after "
                "(all: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17)"),
     )
@@ -111,10 +109,3 @@ class GPerXAN(HeldOutAverage, FedAvg):
     def averaged_for_held_out(self, entry):
         """The BN sides (affine and running statistics, not the step counter)."""
         return entry.is_perxan_bn_side and entry.attr != "num_batches_tracked"
-
-    # ------------------------------------------------------------------ client
-    def begin_local(self, client, model, download):
-        self._global_head = copy.deepcopy(model.classifier).requires_grad_(False)
-
-    def extra_loss(self, client, model, features, logits, labels):
-        return self.cfg.opt("guide_lambda") * F.cross_entropy(self._global_head(features), labels)

@@ -37,6 +37,8 @@ Choices where mpifl's models differ from the paper's:
   raising it by 0.2 every 10 epochs (``DeLightCMU/RSC``); mpifl keeps both
   fixed.
 * The logits reported for training accuracy are those of the masked features.
+* With ``--guide-lambda`` (:mod:`mpifl.algorithms.guide`) the guiding term reads the unmasked features
+  ``z``, the extractor's output g_i(x) of gPerXAN's eq. 4; the mask is RSC's challenge to the local head only.
 """
 
 from __future__ import annotations
@@ -106,4 +108,4 @@ class RSC(FedAvg):
         features = model.encode(x)
         mask = self.rsc_mask(model.classifier, features, y)
         logits = model.classifier(features * mask)
-        return F.cross_entropy(logits, y), logits
+        return self.plus_extra(F.cross_entropy(logits, y), client, model, features, logits, y), logits

@@ -115,6 +115,7 @@ class Scaffold(FedAvg):
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         self._params = parameters(model, self.params)
         self._x = [p.detach().clone() for p in self._params]
         self._c = [download[C_GLOBAL + k] for k in self.params]

@@ -111,6 +111,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
     and local training, seeded by (seed, client, round); then the client keeps its private entries and the
     round's upload is returned (the method's model entries and extra tensors; views of ``slots``).  The
+    guiding regularizer's global head (``--guide-lambda``) is held from ``begin_local`` to the end of training.  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
     client's kept state and leaves its own there (:mod:`mpifl.plan.optim`)."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
@@ -120,6 +121,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
         restore_state(optimizer, model, client.private)
     stats = train_local(model, algo, client, data, optimizer, algo.local_epochs(), cfg.batch_size,
                         client_rng(cfg.seed, client.id, round_index), round_index, precision)
+    algo.release_global_head()
     if cfg.keep_optimizer:
         keep_state(optimizer, model, client.private)
     copy_all([client.private[k] for k in algo.private_keys], [slots[k] for k in algo.private_keys])

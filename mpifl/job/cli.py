@@ -135,15 +135,29 @@ def _algo_options() -> list[click.Option]:
     options = []
     for opt in all_options().values():
         defaults = {n: o.default for n, c in ALGORITHMS.items() for o in c.options if o.name == opt.name}
-        if len(set(map(repr, defaults.values()))) == 1:
-            text = f"{opt.help} [{', '.join(defaults)}; default {opt.default}]"
-        else:
-            text = f"{opt.help} [default {', '.join(f'{n} {d}' for n, d in defaults.items())}]"
-        if opt.type is bool:
-            options.append(click.Option([opt.flag], is_flag=True, default=None, help=text))
-        else:
-            options.append(click.Option([opt.flag], type=opt.type, default=None, help=text))
+        options.append(_algo_option(opt, defaults))
     return options
+
+
+def _defaults_text(defaults: dict) -> str:
+    """The methods taking an option and their defaults: one list per default; an option every method takes
+    (``--guide-lambda``) names only the methods whose default is not the most common."""
+    values = list(map(repr, defaults.values()))
+    if len(set(values)) == 1:
+        return f"{', '.join(defaults)}; default {next(iter(defaults.values()))}"
+    if len(defaults) == len(ALGORITHMS):
+        common = max(set(values), key=values.count)
+        usual = next(d for d in defaults.values() if repr(d) == common)
+        others = ", ".join(f"{n} {d}" for n, d in defaults.items() if repr(d) != common)
+        return f"every method; default {usual}, {others}"
+    return f"default {', '.join(f'{n} {d}' for n, d in defaults.items())}"
+
+
+def _algo_option(opt: Option, defaults: dict) -> click.Option:
+    text = f"{opt.help} [{_defaults_text(defaults)}]"
+    if opt.type is bool:
+        return click.Option([opt.flag], is_flag=True, default=None, help=text)
+    return click.Option([opt.flag], type=opt.type, default=None, help=text)
 
 
 def _explicit(ctx: click.Context, values: dict) -> dict:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, get_algorithm
+from ..algorithms.guide import check_guide
 from ..client.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
@@ -100,6 +101,7 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     algo = algo_cls(cfg, state_entries(model))
     algo.bind_clients(clients)
+    check_guide(algo)
     if cfg.holdout is not None and "global" not in algo.evaluates:
         raise MpiflError(f"--holdout needs a method with a global model; {cfg.algo} evaluates personal models only "
                          "(its private layers do not exist for an unseen domain); drop --holdout or pick another "

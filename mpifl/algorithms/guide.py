@@ -1,0 +1,72 @@
+"""The guiding regularizer (``--guide-lambda``), a plug-in for any method whose download holds the classifier.
+
+Le, Ho, Do, Le-Phuoc & Wong, "Efficiently Assemble Normalization Layers and Regularization for
+Federated Domain Generalization", CVPR 2024, section 3.2, eqs. 3-4: client i's local loss becomes
+
+    L_i = CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)
+
+with ``h_g`` the global classifier received this round, frozen.  The paper adds it to gPerXAN and, in its
+ablation (section 4.4.2, Fig. 2), to FedAvg, ELCFS and CCST: the term is independent of the method.
+
+* **The global head**: a copy of ``model.classifier`` taken when the round's model is loaded (the
+  download's classifier), before any local step, with ``requires_grad`` off: the term's gradient flows into
+  the feature extractor g_i (through the features) and never into h_g; the local head h_i gets none from it.
+  The authors' code does the same (``copy.deepcopy`` of the client's ``fc`` right after loading the
+  server's parameters, its parameters frozen).
+* **The features**: those the method's forward pass gets from ``model.encode``, before anything the method
+  does to them on the way to its own head (RSC's mask); FedMix's forward pass encodes ``(1 - lambda) x``,
+  so its guide reads those.  The labels are the mini-batch's.
+* **When**: every mini-batch of a round's local training.  A personalization fine-tuning before an
+  evaluation (:meth:`~mpifl.algorithms.base.Algorithm.personalize`) is not guided: no global head is held.
+* **Which methods**: every one whose download holds every classifier entry (checked on its first stage's
+  share policy when the run is built); for the others (FedPer, FedRep, FedBABU, SingleSet, FedProto, ...)
+  there is no global head and ``--guide-lambda > 0`` is refused in one line.
+* **Default**: 0 (off) for every method but gPerXAN, whose default 0.5 is its authors' code (the paper
+  searches lambda in [0, 1] in steps of 0.25); a method sets :attr:`Algorithm.default_guide_lambda`.
+  Nothing crosses the wire for it: ``--show-manifest`` is unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import MpiflError
+from ..plan.config import Option
+
+NAME = "guide_lambda"  # the option every method takes (Algorithm.__init_subclass__)
+
+
+def guide_option(default: float) -> Option:
+    """``--guide-lambda`` with a method's default."""
+    return Option(NAME, float, default, "weight lambda of the guiding regularizer lambda CE(h_g(g(x)), y), h_g "
+                  "the downloaded classifier frozen (gPerXAN, Le et al. 2024, eq. 3); for any method whose "
+                  "download holds the classifier; 0 = off")
+
+
+def with_guide(options: tuple[Option, ...], default: float) -> tuple[Option, ...]:
+    """``options`` with ``--guide-lambda`` last, at ``default`` (any earlier declaration of it replaced)."""
+    return tuple(o for o in options if o.name != NAME) + (guide_option(default),)
+
+
+def frozen_head(model: nn.Module) -> nn.Module:
+    """h_g: a copy of the model's classifier as loaded from the download, taking no gradient."""
+    return copy.deepcopy(model.classifier).requires_grad_(False)
+
+
+def guide_loss(head: nn.Module, lam: float, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """lambda * CE(h_g(features), labels), the mean over the mini-batch as the method's own CE."""
+    return lam * F.cross_entropy(head(features), labels)
+
+
+def check_guide(algo) -> None:
+    """One line refusing ``--guide-lambda`` for a method whose download lacks (part of) the classifier."""
+    if algo.guide_lambda < 0:
+        raise MpiflError(f"--guide-lambda must be >= 0 (0 = off), got {algo.guide_lambda}")
+    if algo.guide_lambda and not algo.downloads_head():
+        raise MpiflError(f"--guide-lambda: {algo.name} keeps the classifier on each client (it is not in the "
+                         "download), so there is no global classifier to guide with; drop --guide-lambda or "
+                         "pick a method that averages its classifier")
