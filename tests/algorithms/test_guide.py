@@ -176,6 +176,20 @@ def test_every_method_adds_the_guide_to_its_loss_or_refuses_it_in_one_line(name,
     assert torch.allclose(difference, 0.5 * F.cross_entropy(logits, y), atol=1e-5)
 
 
+def test_rscs_guide_reads_the_unmasked_features_of_the_extractor(data_root):
+    algo, model = _adapted("rsc", data_root, 0.5)
+    algo.cfg.algo_options.update(rsc_drop=0.5, rsc_batch=1.0)
+    x, y = torch.randn(8, 3, 28, 28), torch.arange(8)
+    model.train()
+    algo.begin_local(None, model, {})
+    seen = []
+    algo._global_head.register_forward_hook(lambda m, i, o: seen.append(i[0].detach()))
+    _, logits = algo.batch_loss(None, model, x, y)
+    unmasked = model.encode(x).detach()
+    assert torch.allclose(seen[0], unmasked)
+    assert not torch.allclose(logits, model.classifier(unmasked))  # the local head saw masked features
+
+
 def test_a_method_without_a_downloaded_head_refuses_the_guide_before_running(data_root, tmp_path):
     job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--algo", "fedper", "--guide-lambda", "0.5",
                    "--out", str(tmp_path / "run"), "--rounds", "1")
