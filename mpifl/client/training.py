@@ -111,9 +111,9 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
     and local training, seeded by (seed, client, round); then the client keeps its private entries and the
     round's upload is returned (the method's model entries and extra tensors; views of ``slots``).  The
-    guiding regularizer's global head (``--guide-lambda``) is held from ``begin_local`` to the end of training.  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
-    client's kept state and leaves its own there (:mod:`mpifl.plan.optim`)."""
+    client's kept state and leaves its own there (:mod:`mpifl.plan.optim`).  The guiding regularizer's
+    global head (``--guide-lambda``) is held from ``begin_local`` to the end of the round's training."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
     algo.begin_local(client, model, download)
     optimizer = algo.make_optimizer(model, algo.lr)
