@@ -11,6 +11,8 @@ from torch import nn
 
 from mpifl.algorithms import ALGORITHMS, get_algorithm
 from mpifl.algorithms.guide import check_guide
+from mpifl.client.client_data import ClientData, ResidentImages
+from mpifl.client.normalize import fixed
 from mpifl.client.training import load_state
 from mpifl.errors import MpiflError
 from mpifl.models import build_model, state_entries
@@ -115,12 +117,6 @@ def test_a_round_of_fedavg_with_the_guide_steps_by_the_terms_gradient_and_releas
     assert not np.array_equal(uploads[0.5]["conv1.weight"], uploads[0.0]["conv1.weight"])
 
 
-NEEDS_CLIENT_SETUP = {  # a loss that needs a client's one-time contribution from its data: tested in its own file
-    "elcfs": "ELCFS interpolates with spectra and normalizations recorded from the clients' data; "
-             "tests/algorithms/test_elcfs.py checks its guide term",
-}
-
-
 def _adapted(name, data_root, lam):
     """(algorithm, model) built as the session builds them (the method's model changes included)."""
     cls = get_algorithm(name)
@@ -131,11 +127,24 @@ def _adapted(name, data_root, lam):
     return cls(cfg, state_entries(net)), net
 
 
+def _client_data(seed):
+    """8 random images per split, as a client's host holds them."""
+    pixels = torch.randint(0, 256, (8, 3, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    splits = ("train", "val", "test")
+    return ClientData({s: ResidentImages(pixels) for s in splits}, {s: torch.arange(8) for s in splits},
+                      fixed([0.5] * 3, [0.25] * 3))
+
+
 def _client_and_download(algo, model):
-    """A client of the method and a download whose classifier differs from the initial one, loaded."""
+    """Client 0 of two training clients, after the method's one-time exchange (if it has one) from their
+    data, and a download whose classifier differs from the initial one, loaded."""
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    spec = ClientSpec(0, "mono", {s: np.arange(8) for s in ("train", "val", "test")})
-    algo.bind_clients([spec])
+    specs = [ClientSpec(i, domain, {s: np.arange(8) for s in ("train", "val", "test")})
+             for i, domain in enumerate(("mono", "paper"))]
+    algo.bind_clients(specs)
+    if algo.setup_exchange() is not None:  # FedMix's mean images, ELCFS's spectra
+        algo.setup_received(torch.stack([algo.setup_contribution(spec, _client_data(spec.id)) for spec in specs]))
+    spec = specs[0]
     client = algo.init_client(spec, initial)
     server = algo.init_server(initial)
     heads = [e.key for e in algo.entries if e.is_head]
@@ -148,17 +157,12 @@ def _client_and_download(algo, model):
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_method_adds_the_guide_to_its_loss_or_refuses_it_in_one_line(name, data_root):
-    if name in NEEDS_CLIENT_SETUP:
-        pytest.skip(NEEDS_CLIENT_SETUP[name])
     algo, model = _adapted(name, data_root, 0.5)
     if not algo.downloads_head():
         with pytest.raises(MpiflError, match=rf"^--guide-lambda: {name} keeps the classifier on each client"):
             check_guide(algo)
         return
     check_guide(algo)
-    spec = algo.setup_exchange()
-    if spec is not None:  # FedMix's mean images
-        algo.setup_received(torch.zeros(2, *spec.shape, dtype=spec.dtype))
     client, download, heads = _client_and_download(algo, model)
     x, y = torch.randn(4, 3, 28, 28), torch.arange(4)
     seen = []
