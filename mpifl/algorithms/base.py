@@ -161,7 +161,7 @@ class Algorithm:
         self.phase = 0
         self.lr = cfg.lr  # the local learning rate of the round entered (--lr-schedule)
         self._keys: dict[int, dict[str, list[str]]] = {}
-        self.num_training_clients = 0  # N, set by bind_clients
+        self.training_ids: list[int] = []  # the training clients' ids, ascending, set by bind_clients
         # a RunConfig built in code may leave the option out: the method's default
         self.guide_lambda: float = cfg.algo_options.get(GUIDE, self.default_guide_lambda)
         self._global_head: nn.Module | None = None  # h_g of the round being trained (guiding regularizer)
@@ -174,10 +174,16 @@ class Algorithm:
     def bind_clients(self, clients: Sequence[ClientSpec]) -> None:
         """The run's logical clients, the same list on every rank; called once when the session is built.
 
-        Sets :attr:`num_training_clients` (N: every client but a held-out domain's), which a server
-        rule defined over all clients, not only a round's participants, needs (SCAFFOLD's c, FedDyn's h).
+        Sets :attr:`training_ids` (every client but a held-out domain's, in client-id order, the order of
+        one-time exchanges), whose number N a server rule defined over all clients, not only a round's
+        participants, needs (SCAFFOLD's c, FedDyn's h).
         """
-        self.num_training_clients = sum(1 for c in clients if c.trains)
+        self.training_ids = sorted(c.id for c in clients if c.trains)
+
+    @property
+    def num_training_clients(self) -> int:
+        """N, the number of training clients."""
+        return len(self.training_ids)
 
     @classmethod
     def norm_kind(cls, cfg: RunConfig) -> str:

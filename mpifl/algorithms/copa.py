@@ -102,7 +102,7 @@ class COPA(FedAvg):
 
     def bind_clients(self, clients):
         super().bind_clients(clients)
-        self.row = {cid: r for r, cid in enumerate(sorted(c.id for c in clients if c.trains))}
+        self.row = {cid: r for r, cid in enumerate(self.training_ids)}
 
     def shares(self, entry):
         return not entry.is_head and super().shares(entry)

@@ -151,7 +151,6 @@ class ELCFS(FedAvg):
         for ok, message in problems:
             if not ok:
                 raise MpiflError(message)
-        self.training_ids: list[int] = []
         self.bank_size = cfg.opt("elcfs_bank")
         self._spec: TensorSpec | None = None
         self._amplitudes: torch.Tensor | None = None  # (N_train, N, C, H, W // 2 + 1)
@@ -160,7 +159,6 @@ class ELCFS(FedAvg):
     def bind_clients(self, clients):
         super().bind_clients(clients)
         trainers = [c for c in clients if c.trains]
-        self.training_ids = [c.id for c in trainers]
         if len(trainers) < 2:
             raise MpiflError("elcfs interpolates with the amplitude spectra of *other* clients; it needs at least "
                              "2 training clients (--clients-per-domain, --num-clients)")

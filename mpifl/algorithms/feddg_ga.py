@@ -101,7 +101,6 @@ class FedDGGA(Algorithm):
             raise MpiflError(f"--ga-step must be >= 0, got {cfg.opt('ga_step')}")
         self.metric = cfg.opt("ga_metric")
         self.paper = cfg.opt("ga_rule") == "paper"
-        self.training_ids: list[int] = []
         self.num_clients = 0
         self.round = 0
         self._scores: dict[str, float] = {}
@@ -110,7 +109,6 @@ class FedDGGA(Algorithm):
     def bind_clients(self, clients):
         super().bind_clients(clients)
         self.num_clients = len(clients)
-        self.training_ids = [c.id for c in clients if c.trains]
         for c in clients:
             if c.trains and not len(c.rows["val"]):
                 raise MpiflError(f"feddg-ga scores each client on its validation split and client {c.id} "
