@@ -154,7 +154,7 @@ class COPA(FedAvg):
         if len(frozen):  # sum over the frozen heads of each one's mean cross-entropy
             flat = frozen.reshape(-1, frozen.shape[-1])
             loss = loss + self.cfg.opt("copa_frozen_weight") * len(frozen) * F.cross_entropy(flat, y.repeat(len(frozen)))
-        return loss, logits
+        return self.plus_extra(loss, client, model, features, logits, y), logits
 
     def end_local(self, client, model):
         state = model.state_dict()
