@@ -108,7 +108,8 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                          "--algo")
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
     return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed), pretrained=pretrained)
+                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed),
+                   pretrained=pretrained)
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
