@@ -29,7 +29,8 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   lambda CE(h_g(features), y); a method overriding either calls ``super()`` (one with its own
   :meth:`batch_loss` adds :meth:`plus_extra`), and sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
-  :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images);
+  :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images), then
+  :meth:`training_data`, a training set rebuilt from what was received (CCST's stylized images);
 * **the server rule**: :meth:`init_server`, :meth:`download`, :meth:`aggregate`
   (per entry: :meth:`combine`);
 * **what it evaluates**: ``evaluates`` lists "global" (the model rebuilt from
@@ -466,6 +467,12 @@ class Algorithm:
     def setup_received(self, everyone: torch.Tensor) -> None:
         """(N_train, *shape): every training client's contribution, on every rank; held until the run ends
         (a resumed run exchanges again)."""
+
+    def training_data(self, clients: dict[int, ClientState], data: dict) -> dict:
+        """On a client rank, after the one-time exchanges: its training clients' ``ClientData`` (by id) as they
+        train on them for the whole run (a resumed run rebuilds them).  Default: as loaded; CCST trains on
+        stylized copies (``ClientData.with_train``)."""
+        return data
 
 
 def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:

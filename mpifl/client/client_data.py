@@ -122,6 +122,19 @@ class ClientData:
         # shard's train rows at the head of its test split
         self.own = own or ("train", self.size("train"))
 
+    def with_train(self, pixels: torch.Tensor, labels: torch.Tensor) -> "ClientData":
+        """This client's data training on ``pixels`` (uint8 NCHW, kept on their device) and ``labels`` instead
+        of its training split (a method's rebuilt training set, ``Algorithm.training_data``); its own images
+        (:meth:`own_chunks`), validation and test splits stay as they are."""
+        split, count = self.own
+        images = {**self.images, "own": self.images[split], "train": ResidentImages(pixels)}
+        return ClientData(images, {**self.labels, "train": labels}, self.normalizer, self.transforms, ("own", count))
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the training images are read from the shard as needed (``--stream-above``)."""
+        return isinstance(self.images["train"], StreamedImages)
+
     def size(self, split: str) -> int:
         return len(self.labels[split])
 

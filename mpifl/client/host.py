@@ -84,6 +84,7 @@ class ClientHost:
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank,
                      lambda exchange: [exchange.setup_contribution(self.clients[c], self.data[c]) for c in mine],
                      self.device)
+        self.data.update(self.algo.training_data({c: self.clients[c] for c in mine}, {c: self.data[c] for c in mine}))
         protocol = RoundProtocol(self.session, start=self.resumed.round if self.resumed else 0)
         for r in protocol.rounds():
             messages = protocol.open(r)

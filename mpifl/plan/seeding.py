@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS = 1, 2, 3, 4, 5, 6
+_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP = 1, 2, 3, 4, 5, 6, 7
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
@@ -48,6 +48,12 @@ def personalization_seeds(seed: int, client: int, round_index: int) -> tuple[np.
 def statistics_rng(seed: int, client: int) -> np.random.Generator:
     """numpy generator for the augmentations of one client's pass computing its own statistics (FedRDN)."""
     return np.random.default_rng(_sequence(seed, _STATISTICS, client))
+
+
+def setup_rng(seed: int, client: int, purpose: int) -> np.random.Generator:
+    """numpy generator for one of a client's draws before round 1 (a method's choice of the images it shares,
+    of how it augments its training set), ``purpose`` telling the draws of one method apart."""
+    return np.random.default_rng(_sequence(seed, _SETUP, client, purpose))
 
 
 def partition_rng(seed: int, domain_index: int) -> np.random.Generator:

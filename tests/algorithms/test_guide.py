@@ -117,11 +117,11 @@ def test_a_round_of_fedavg_with_the_guide_steps_by_the_terms_gradient_and_releas
     assert not np.array_equal(uploads[0.5]["conv1.weight"], uploads[0.0]["conv1.weight"])
 
 
-def _adapted(name, data_root, lam):
+def _adapted(name, data_root, lam, **options):
     """(algorithm, model) built as the session builds them (the method's model changes included)."""
     cls = get_algorithm(name)
     cfg = RunConfig(algo=name, data_root=str(data_root),
-                    algo_options={**{o.name: o.default for o in cls.options}, "guide_lambda": lam})
+                    algo_options={**{o.name: o.default for o in cls.options}, "guide_lambda": lam, **options})
     net = cls.adapt_model(build_model("smallcnn", num_classes=10, image_size=(28, 28), norm=cls.norm,
                                       conv=cls.conv), cfg)
     return cls(cfg, state_entries(net)), net
@@ -142,7 +142,7 @@ def _client_and_download(algo, model):
     specs = [ClientSpec(i, domain, {s: np.arange(8) for s in ("train", "val", "test")})
              for i, domain in enumerate(("mono", "paper"))]
     algo.bind_clients(specs)
-    if algo.setup_exchange() is not None:  # FedMix's mean images, ELCFS's spectra
+    if algo.setup_exchange() is not None:  # FedMix's mean images, ELCFS's spectra, CCST's styles
         algo.setup_received(torch.stack([algo.setup_contribution(spec, _client_data(spec.id)) for spec in specs]))
     spec = specs[0]
     client = algo.init_client(spec, initial)
@@ -156,8 +156,8 @@ def _client_and_download(algo, model):
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_every_method_adds_the_guide_to_its_loss_or_refuses_it_in_one_line(name, data_root):
-    algo, model = _adapted(name, data_root, 0.5)
+def test_every_method_adds_the_guide_to_its_loss_or_refuses_it_in_one_line(name, data_root, style_model):
+    algo, model = _adapted(name, data_root, 0.5, **({"style_model": str(style_model)} if name == "ccst" else {}))
     if not algo.downloads_head():
         with pytest.raises(MpiflError, match=rf"^--guide-lambda: {name} keeps the classifier on each client"):
             check_guide(algo)

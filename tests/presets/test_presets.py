@@ -135,7 +135,7 @@ def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
     cfg, warnings = build_config(ctx, None, params)
     assert cfg.holdout == "all" and cfg.lr == 0.002
     assert warnings == ["--preset gperxan-t2-pacs has no paper numbers for --algo scaffold (it has: fedavg, "
-                        "mixstyle, rsc, elcfs, copa, feddg-ga, gperxan); running with the preset's settings anyway"]
+                        "mixstyle, rsc, elcfs, ccst, copa, feddg-ga, gperxan); running with the preset's settings anyway"]
     with pytest.raises(MpiflError, match="unknown preset 'nope'; see `python -m mpifl.run --list-presets`"):
         load_preset("nope")
 
