@@ -42,8 +42,12 @@ their heads are ordered by client id.
 * **Personal model** of client i: f under its own head h_i (its domain-specific classifier on the
   current averaged extractor).
 
-Not implemented: the hybrid batch-instance normalization (IBN-Net) of the paper's backbone (any ``--model``
-runs, with BN), and decentralized unsupervised adaptation (the prediction-agreement mechanism needs an
+* **Normalization**: the abstract's hybrid batch-instance normalization is IBN-Net's IBN-a here
+  (:class:`~mpifl.models.IBN`, the method's default norm kind, in the first stages as ``--norm-blocks``
+  places it); which variant and placement the paper uses was not at hand.  ``--norm bn`` runs COPA on
+  plain BN.
+
+Not implemented: decentralized unsupervised adaptation (the prediction-agreement mechanism needs an
 unlabeled target client, which mpifl's runs do not have).
 """
 
@@ -82,6 +86,7 @@ class COPA(FedAvg):
     name = "copa"
     summary = "COPA: the feature extractor is averaged; every client's head goes to everyone, trained against frozen"
     evaluates = ("global", "personal")
+    norm = "ibn"
     options = FedAvg.options + (
         Option("copa_ensemble", str, "prob", "COPA: how the global model combines the N heads: prob (mean of "
                "softmax probabilities) or logit (mean of logits)", choices=ENSEMBLES),

@@ -141,8 +141,10 @@ def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume
     full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "2"))
     assert full.returncode == 0, full.stderr
     records = read_metrics(tmp_path / "full")
-    body = 4 * sum(c_out * (c_in * 9 + 1) + 4 * c_out for c_in, c_out in ((3, 16), (16, 32), (32, 64)))  # SmallCNN:
-    # conv weight and bias, BN weight, bias, running mean and variance, float32
+    # SmallCNN's conv weight and bias, float32, and its norms: COPA's IBN-a in the first two stages (IN weight
+    # and bias on half the channels, BN weight, bias, running mean and variance on the other half: 3 c), BN
+    # in the last (4 c)
+    body = 4 * sum(c_out * (c_in * 9 + 1) + norm * c_out for c_in, c_out, norm in ((3, 16, 3), (16, 32, 3), (32, 64, 4)))
     head = 4 * (10 * 64 + 10)
     for record in records:  # 8 training clients (4 domains x 2), 4 sampled a round
         assert len(record["clients"]) == 4
