@@ -11,7 +11,8 @@ normalization (``NORM_KINDS``) and convolution (``CONV_KINDS``);
 * gPerXAN: :class:`PerXAN` (``norm="perxan"``), :func:`load_bn_state`;
 * FedStein: :func:`james_stein`;
 * IBN-Net: :class:`IBN` (``norm="ibn"``); DSON: :class:`DSON` (``norm="dson"``);
-  :func:`place_composite_norms` puts PerXAN, IBN and DSON in a model's first stages.
+  :func:`place_composite_norms` puts PerXAN, IBN and DSON in a model's first stages;
+* CCST: the AdaIN style network (:mod:`mpifl.models.adain`), loaded from local weights.
 
 The papers' backbones are registry entries (``alexnet``, ``alexnet-dropout``,
 ``lenet``, ``resnet20``, ``resnet18``, ``resnet50``, ``mobilenetv2``,
