@@ -1,6 +1,6 @@
 """The run directory: ``--out`` or ``runs/<algo>-<data>-<model>-s<seed>-<time>``, which belongs to one run.
 
-Rank 0 owns it, in three steps, so that results are never lost, overwritten or mixed, and a refused command
+Rank 0 owns it, in four steps, so that results are never lost, overwritten or mixed, and a refused command
 changes nothing on disk:
 
 1. **check** while setting up, writing nothing: a new run's directory may not be a file, have a name the file
@@ -12,7 +12,10 @@ changes nothing on disk:
    and a crashed run's directory is resumable at once;
 3. **open** once every rank has set up: create a new directory (claimed, then checked again, which settles a race
    between two runs given the same ``--out``), write the resolved ``config.json`` that ``--config`` and
-   ``--resume`` read back.
+   ``--resume`` read back;
+4. **keep**: before each record and the summaries, rank 0 checks that the directory at the path is still the one
+   it opened (:class:`~mpifl.server.run_log.MetricsLog`): a run whose directory was removed, or removed and made
+   again by another run, stops with one line instead of writing into what is there now.
 """
 
 from __future__ import annotations

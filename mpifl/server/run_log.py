@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,9 @@ class MetricsLog:
                  selection: str = "val-mean"):
         self.path = run_dir / "metrics.jsonl"
         self.run_dir = run_dir
+        # the run's own directory, held open so that its inode is not reused by one made later at its path
+        self._directory = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self._directory)
         self.kinds = kinds
         self.domains = domains  # source domains
         self.holdout = holdout
@@ -110,6 +115,7 @@ class MetricsLog:
         written after the checkpoint), and wait again for the evaluation of ``pending`` if the continued
         run evaluates that round (``evaluated``; a run extended past its last round may not)."""
         last = round_index - 1 if pending else round_index
+        self._check_directory()
         records = []
         if self.path.exists():
             records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
@@ -134,7 +140,15 @@ class MetricsLog:
         record["eval"] = results
         self._write(record)
 
+    def _check_directory(self) -> None:
+        """Stop (one line) before writing into a run directory that was removed or replaced while the run went
+        on: what is at its path now belongs to someone else, and this run's records must not mix with it."""
+        if _identity(self.run_dir) != _identity(self._directory):
+            raise MpiflError(f"the run directory {self.run_dir} was removed or replaced while this run was writing "
+                             "it; the run stops so that its records do not mix with what is there now")
+
     def _write(self, record: dict) -> None:
+        self._check_directory()
         self.records.append(record)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -147,6 +161,7 @@ class MetricsLog:
         return None, None
 
     def write_summary(self) -> list[dict]:
+        self._check_directory()
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection)
         with (self.run_dir / "summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -154,6 +169,16 @@ class MetricsLog:
             writer.writerows(rows)
         (self.run_dir / "summary.md").write_text(summary_markdown(rows))
         return rows
+
+
+def _identity(directory: Path | int) -> tuple[int, int] | None:
+    """(device, inode) of a directory by path or open descriptor; None when nothing is there (for a descriptor:
+    when the directory was removed)."""
+    try:
+        status = os.stat(directory)
+    except FileNotFoundError:
+        return None
+    return (status.st_dev, status.st_ino) if status.st_nlink else None
 
 
 def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str],

@@ -94,3 +94,21 @@ def test_fold_summary_table(tmp_path):
     table = fold_summary({"a": tmp_path / "a", "b": tmp_path / "b"})
     assert "| best source val | 50.00 | 70.00 | 60.00 |" in table
     assert "| last round | 40.00 | 80.00 | 60.00 |" in table
+
+
+def test_a_run_directory_removed_and_made_again_under_the_run_stops_it_before_its_records_mix(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    log = MetricsLog(run, ("global",), ["a"])
+    log.add_round({"round": 1}, awaits_eval=False)
+    for path in run.iterdir():
+        path.unlink()
+    run.rmdir()
+    run.mkdir()  # another run's directory now (a new inode: the log holds the old one open)
+    (run / "metrics.jsonl").write_text('{"round": 7}\n')
+    with pytest.raises(MpiflError, match=rf"^the run directory {run} was removed or replaced while this run was "
+                                         "writing it; the run stops"):
+        log.add_round({"round": 2}, awaits_eval=False)
+    with pytest.raises(MpiflError, match="removed or replaced"):
+        log.write_summary()
+    assert (run / "metrics.jsonl").read_text() == '{"round": 7}\n' and not (run / "summary.md").exists()
