@@ -23,7 +23,7 @@ import numpy as np
 
 from mpifl.errors import MpiflError
 from mpifl.data.names import CLASS_NAME, PLAIN_NAME, is_class_name, is_plain_name
-from mpifl.data.shard import FORMAT_VERSION, SPLITS, Shard
+from mpifl.data.shard import FORMAT_VERSION, SPLITS, TASKS, Shard
 
 MANIFEST = "manifest.json"
 #: Datasets mpifl builds itself on first use (see :mod:`mpifl.data.generated`):
@@ -59,6 +59,7 @@ class DatasetManifest:
     source: str
     protocol: dict = field(default_factory=dict)  # protocol defaults, e.g. clients_per_domain
     format_version: int = FORMAT_VERSION
+    task: str = "classification"  # or "segmentation": labels are masks (mpifl.data.shard)
 
     @property
     def num_classes(self) -> int:
@@ -108,6 +109,8 @@ class DatasetManifest:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise MpiflError(f"manifest {path} is not readable JSON ({e}); {fix}") from None
+        if isinstance(data, dict):
+            data.setdefault("task", "classification")  # written before tasks existed
         problem = _schema_problem(data, name)
         if problem:
             raise MpiflError(f"manifest {path}: {problem}; {fix}")
@@ -141,6 +144,7 @@ def _schema_problem(data, name: str) -> str | None:
         (_is_int(channels) and channels > 0, "channels must be a positive integer"),
         (isinstance(data["source"], str), "source must be a string"),
         (isinstance(data["protocol"], dict), "protocol must be an object"),
+        (data["task"] in TASKS, f"task must be one of {', '.join(TASKS)}"),
     ]
     for ok, problem in checks:
         if not ok:
@@ -220,7 +224,7 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
     for path in paths:
         domain = path.stem
         with Shard(path, fix) as shard:
-            layout = (shard.classes, shard.image_size, shard.channels)
+            layout = (shard.classes, shard.image_size, shard.channels, shard.task)
             if shard.dataset != name or shard.domain != domain:
                 raise MpiflError(f"shard {path} says dataset {shard.dataset!r} domain {shard.domain!r}, "
                                  f"expected {name!r} {domain!r}; rename the file or re-run the converter")
@@ -228,7 +232,7 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
                 first = layout
             elif layout != first:
                 raise MpiflError(f"shard of domain {domain} ({path}) disagrees with {paths[0].stem} on "
-                                 f"classes, image size or channels; {fix}")
+                                 f"classes, image size, channels or task; {fix}")
             splits[domain] = dict(shard.sizes)
             stats.append((shard.sizes["train"], shard.mean, shard.std))
         shards[domain] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
@@ -238,11 +242,11 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
                              "pass normalize explicitly or add train data")
         normalize = pooled_normalization(stats)
     normalize = {"mean": [float(v) for v in normalize["mean"]], "std": [float(v) for v in normalize["std"]]}
-    classes, image_size, channels = first
+    classes, image_size, channels, task = first
     manifest = DatasetManifest(name=name, domains=list(splits), classes=list(classes),
                                image_size=tuple(image_size), channels=channels, splits=splits,
                                normalize=normalize, shards=shards, source=source,
-                               protocol=dict(protocol))
+                               protocol=dict(protocol), task=task)
     manifest.write(root)
     return manifest
 
@@ -253,6 +257,8 @@ def _disagreement(manifest: DatasetManifest, domain: str, shard: Shard) -> str |
         return f"split sizes {shard.sizes} but manifest says {manifest.splits[domain]}"
     if shard.classes != list(manifest.classes):
         return "classes differ from the manifest's"
+    if shard.task != manifest.task:
+        return f"its task is {shard.task} but the manifest says {manifest.task}"
     if shard.image_size != tuple(manifest.image_size) or shard.channels != manifest.channels:
         return (f"images are {shard.image_size[0]}x{shard.image_size[1]}x{shard.channels} but manifest says "
                 f"{manifest.image_size[0]}x{manifest.image_size[1]}x{manifest.channels}")

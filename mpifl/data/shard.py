@@ -5,10 +5,14 @@ holds three groups, ``train``, ``val`` and ``test``, each with
 
 * ``images``: uint8, N x H x W x C, chunked along N (about 1 MiB a chunk),
   uncompressed so that reading is as fast as the disk;
-* ``labels``: int64, N, class indices into the ``classes`` attribute.
+* ``labels``: int64, N, class indices into the ``classes`` attribute; for a
+  segmentation shard (attribute ``task``), uint8 masks, N x H x W, each pixel's
+  class index (chunked like the images).
 
-File attributes: ``format_version``, ``dataset``, ``domain``, ``classes`` (a
-JSON list of class names), ``source`` (where the data came from),
+File attributes: ``format_version``, ``dataset``, ``domain``, ``task``
+(``classification`` or ``segmentation``; a shard without it is a
+classification one), ``classes`` (a JSON list of class names; of a
+segmentation shard, the mask values' names, background first), ``source`` (where the data came from),
 ``image_size`` ([H, W]), ``channels``, ``mean`` and ``std`` (per-channel
 statistics of the train images over all pixels, in [0, 1] units; NaN when the
 train split is empty) and ``created_by``.
@@ -37,6 +41,7 @@ CHUNK_BYTES = 1 << 20
 LABEL_CHUNK = 4096
 _STATS_BLOCK = 1 << 18  # pixels per float64 block when accumulating train statistics
 
+TASKS = ("classification", "segmentation")
 _ATTRS = ("format_version", "dataset", "domain", "classes", "source",
           "image_size", "channels", "mean", "std", "created_by")
 
@@ -66,8 +71,11 @@ class ShardWriter:
     """
 
     def __init__(self, path, *, dataset: str, domain: str, classes, image_size,
-                 channels: int, source: str):
+                 channels: int, source: str, task: str = "classification"):
         self.path = Path(path)
+        if task not in TASKS:
+            raise MpiflError(f"shard {self.path}: unknown task {task!r}; use one of {', '.join(TASKS)}")
+        self.task = task
         self.classes = [str(c) for c in classes]
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise MpiflError(f"shard {self.path}: class names must be non-empty and unique, "
@@ -87,7 +95,7 @@ class ShardWriter:
         self._attrs = {"format_version": FORMAT_VERSION, "dataset": str(dataset),
                        "domain": str(domain), "classes": json.dumps(self.classes),
                        "source": str(source), "image_size": np.array([h, w], np.int64),
-                       "channels": int(channels), "created_by": f"mpifl {__version__}"}
+                       "channels": int(channels), "created_by": f"mpifl {__version__}", "task": task}
         self._sum = np.zeros(self.shape[2], np.float64)
         self._sumsq = np.zeros(self.shape[2], np.float64)
         self._pixels = 0
@@ -105,7 +113,8 @@ class ShardWriter:
             self.abort()
 
     def add(self, split: str, images: np.ndarray, labels: np.ndarray) -> None:
-        """Append ``images`` (uint8, n x H x W x C) and ``labels`` (n ints) to ``split``."""
+        """Append ``images`` (uint8, n x H x W x C) and ``labels`` (n ints; of a segmentation shard, uint8
+        masks n x H x W) to ``split``."""
         if split not in SPLITS:
             raise MpiflError(f"shard {self.path}: unknown split {split!r}; use one of {', '.join(SPLITS)}")
         images = np.asarray(images)
@@ -116,7 +125,12 @@ class ShardWriter:
         if images.ndim != 4 or images.shape[1:] != self.shape:
             raise MpiflError(f"shard {self.path}: {split} images have shape {images.shape}, expected "
                              f"(n, {', '.join(map(str, self.shape))}); resize to the shard's image size")
-        if labels.shape != (len(images),) or (labels.size and labels.dtype.kind not in "iu"):
+        if self.task == "segmentation":
+            if labels.dtype != np.uint8 or labels.shape != (len(images), *self.shape[:2]):
+                raise MpiflError(f"shard {self.path}: {split} masks must be uint8 of shape "
+                                 f"({len(images)}, {self.shape[0]}, {self.shape[1]}), got {labels.dtype} "
+                                 f"{labels.shape}; pass one mask of class indices per image")
+        elif labels.shape != (len(images),) or (labels.size and labels.dtype.kind not in "iu"):
             raise MpiflError(f"shard {self.path}: {split} labels must be {len(images)} integers, got "
                              f"{labels.dtype} of shape {labels.shape}; pass one class index per image")
         if labels.size and (labels.min() < 0 or labels.max() >= len(self.classes)):
@@ -127,7 +141,7 @@ class ShardWriter:
         img_ds.resize(n0 + len(images), axis=0)
         lab_ds.resize(n0 + len(images), axis=0)
         img_ds[n0:] = images
-        lab_ds[n0:] = labels.astype(np.int64)
+        lab_ds[n0:] = labels if self.task == "segmentation" else labels.astype(np.int64)
         if split == "train":
             self._accumulate(images)
 
@@ -154,9 +168,14 @@ class ShardWriter:
         group = self._file.create_group(split)
         images = group.create_dataset("images", shape=(0, *self.shape), maxshape=(None, *self.shape),
                                       dtype=np.uint8, chunks=(rows, *self.shape))
-        label_rows = max(rows, min(LABEL_CHUNK, first_batch or LABEL_CHUNK))
-        labels = group.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64,
-                                      chunks=(label_rows,))
+        if self.task == "segmentation":
+            mask = self.shape[:2]
+            labels = group.create_dataset("labels", shape=(0, *mask), maxshape=(None, *mask), dtype=np.uint8,
+                                          chunks=(rows, *mask))
+        else:
+            label_rows = max(rows, min(LABEL_CHUNK, first_batch or LABEL_CHUNK))
+            labels = group.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64,
+                                          chunks=(label_rows,))
         return images, labels
 
     def close(self) -> Path:
@@ -234,6 +253,9 @@ class Shard:
         if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
             raise self._fail("attribute classes is not a JSON list of names")
         self.classes = classes
+        self.task = str(attrs.get("task", "classification"))
+        if self.task not in TASKS:
+            raise self._fail(f"unknown task {self.task!r} (this mpifl knows {', '.join(TASKS)})")
         self.image_size = tuple(int(v) for v in attrs["image_size"])
         self.channels = int(attrs["channels"])
         self.mean = np.asarray(attrs["mean"], np.float64)
@@ -250,7 +272,11 @@ class Shard:
             if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != shape:
                 raise self._fail(f"{split}/images is {images.dtype} {images.shape}, "
                                  f"expected uint8 (N, {', '.join(map(str, shape))})")
-            if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(images):
+            if self.task == "segmentation":
+                if labels.dtype != np.uint8 or labels.shape != (len(images), *self.image_size):
+                    raise self._fail(f"{split}/labels is {labels.dtype} {labels.shape}, expected uint8 masks "
+                                     f"({len(images)}, {', '.join(map(str, self.image_size))})")
+            elif labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(images):
                 raise self._fail(f"{split}/labels is {labels.dtype} {labels.shape}, "
                                  f"expected {len(images)} integers")
             self.sizes[split] = len(images)
@@ -272,8 +298,11 @@ class Shard:
         return len(self.classes)
 
     def labels(self, split: str) -> np.ndarray:
-        """All labels of ``split`` (int64), checked to lie in 0..num_classes-1."""
-        return self._checked(split, self._dataset(split, "labels")[...].astype(np.int64))
+        """All labels of ``split`` (int64; masks uint8 N x H x W), checked to lie in 0..num_classes-1."""
+        return self._checked(split, self._typed(self._dataset(split, "labels")[...]))
+
+    def _typed(self, labels: np.ndarray) -> np.ndarray:
+        return labels if self.task == "segmentation" else labels.astype(np.int64)
 
     def _dataset(self, split: str, key: str):
         if split not in SPLITS:
@@ -287,7 +316,7 @@ class Shard:
         return labels
 
     def load(self, split: str, indices=None) -> tuple[np.ndarray, np.ndarray]:
-        """Images (uint8 NHWC) and labels (int64) of ``split``.
+        """Images (uint8 NHWC) and labels (int64; masks uint8 N x H x W) of ``split``.
 
         ``indices`` (1-D ints, any order, repeats allowed) selects rows and
         returns them in that order.  HDF5 reads need increasing unique indices,
@@ -310,7 +339,7 @@ class Shard:
                 x, y = images[lo:hi][order - lo], labels[lo:hi][order - lo]
             else:
                 x, y = images[unique][inverse], labels[unique][inverse]
-        return x, self._checked(split, y.astype(np.int64))
+        return x, self._checked(split, self._typed(y))
 
     def close(self) -> None:
         self._file.close()

@@ -262,3 +262,19 @@ def test_default_data_root(monkeypatch, tmp_path):
     assert str(default_data_root()) == "datasets"
     monkeypatch.setenv("MPIFL_DATA_ROOT", str(tmp_path))
     assert default_data_root() == tmp_path
+
+
+def test_the_manifest_carries_the_shards_task_and_refuses_a_mix(tmp_path):
+    def shard(domain, task):
+        labels = np.zeros((2, 4, 4), np.uint8) if task == "segmentation" else np.array([0, 1])
+        with ShardWriter(tmp_path / "seg" / f"{domain}.h5", dataset="seg", domain=domain, classes=["bg", "fg"],
+                         image_size=(4, 4), channels=1, source="t", task=task) as writer:
+            writer.add("train", np.zeros((2, 4, 4, 1), np.uint8), labels)
+
+    shard("a", "segmentation")
+    shard("b", "segmentation")
+    assert build_manifest(tmp_path, "seg", source="t", protocol={}).task == "segmentation"
+    assert DatasetManifest.load(tmp_path, "seg").task == "segmentation"
+    shard("c", "classification")
+    with pytest.raises(MpiflError, match="disagrees with a on classes, image size, channels or task"):
+        build_manifest(tmp_path, "seg", source="t", protocol={})

@@ -210,3 +210,38 @@ def test_labels_out_of_range_are_rejected_on_load(tmp_path):
                 load()
             assert_one_line_about(error, path)
         shard.load("val", [0, 1, 2])  # rows with valid labels still load
+
+
+def _masks(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 2, (n, 6, 5), dtype=np.uint8)
+
+
+def test_a_segmentation_shard_keeps_uint8_masks_and_its_task(tmp_path):
+    path = tmp_path / "site.h5"
+    images = np.random.default_rng(1).integers(0, 256, (4, 6, 5, 1), dtype=np.uint8)
+    with ShardWriter(path, dataset="toy", domain="site", classes=["background", "prostate"], image_size=(6, 5),
+                     channels=1, source="t", task="segmentation") as writer:
+        writer.add("train", images, _masks(4))
+        writer.add("test", images[:2], _masks(2, 1))
+    with Shard(path) as shard:
+        assert shard.task == "segmentation" and shard.sizes == {"train": 4, "val": 0, "test": 2}
+        x, y = shard.load("train", indices=[3, 0])
+        assert y.dtype == np.uint8 and np.array_equal(y, _masks(4)[[3, 0]]) and np.array_equal(x, images[[3, 0]])
+        assert np.array_equal(shard.labels("test"), _masks(2, 1))
+    with ShardWriter(tmp_path / "b.h5", dataset="toy", domain="b", classes=["background", "prostate"],
+                     image_size=(6, 5), channels=1, source="t", task="segmentation") as writer:
+        with pytest.raises(MpiflError, match=r"train masks must be uint8 of shape \(4, 6, 5\), got int64 \(4,\)"):
+            writer.add("train", images, np.zeros(4, dtype=np.int64))
+        with pytest.raises(MpiflError, match=r"train labels span 0\.\.2, expected 0\.\.1"):
+            writer.add("train", images, _masks(4) * 2)
+
+
+def test_a_shard_without_a_task_attribute_is_a_classification_one(tmp_path):
+    path = tmp_path / "d.h5"
+    with ShardWriter(path, dataset="toy", domain="d", classes=["a", "b"], image_size=(2, 2), channels=1,
+                     source="t") as writer:
+        writer.add("train", np.zeros((2, 2, 2, 1), np.uint8), np.array([0, 1]))
+    with h5py.File(path, "a") as f:
+        del f.attrs["task"]
+    with Shard(path) as shard:
+        assert shard.task == "classification" and shard.labels("train").dtype == np.int64
