@@ -269,7 +269,7 @@ def test_the_manifest_carries_the_shards_task_and_refuses_a_mix(tmp_path):
         labels = np.zeros((2, 4, 4), np.uint8) if task == "segmentation" else np.array([0, 1])
         with ShardWriter(tmp_path / "seg" / f"{domain}.h5", dataset="seg", domain=domain, classes=["bg", "fg"],
                          image_size=(4, 4), channels=1, source="t", task=task) as writer:
-            writer.add("train", np.zeros((2, 4, 4, 1), np.uint8), labels)
+            writer.add("train", np.arange(32, dtype=np.uint8).reshape(2, 4, 4, 1), labels)
 
     shard("a", "segmentation")
     shard("b", "segmentation")
