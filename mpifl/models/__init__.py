@@ -16,7 +16,7 @@ normalization (``NORM_KINDS``) and convolution (``CONV_KINDS``);
 
 The papers' backbones are registry entries (``alexnet``, ``alexnet-dropout``,
 ``lenet``, ``resnet20``, ``resnet18``, ``resnet50``, ``mobilenetv2``,
-``densenet121``); :func:`replace_norms` / :func:`replace_convs` swap layer
+``densenet121``; the segmentation ``unet``); :func:`replace_norms` / :func:`replace_convs` swap layer
 kinds in any model, and :func:`load_pretrained` loads a local
 torchvision-format checkpoint (``--pretrained PATH``).
 """

@@ -3,7 +3,8 @@
 Every model follows one protocol (algorithms pick the norm and share by
 state-dict key, README "Algorithms"): ``encode(x)`` returns the (B, D) features
 before the final classifier, ``classifier`` is that final ``nn.Linear``, and
-``forward(x) == classifier(encode(x))``.  Weights use torch's default
+``forward(x) == classifier(encode(x))``; the segmentation ``unet`` gives (B, D, H, W)
+maps and a 1x1 conv ``classifier`` (per-pixel logits).  Weights use torch's default
 initialisation, so a model is reproducible under ``torch.manual_seed``.
 
 :data:`_MODELS` maps name -> (builder, one-line description); new models are
@@ -22,6 +23,7 @@ from mpifl.models.digitmodel import build_digitmodel, build_fedwon_cnn
 from mpifl.models.lenet import build_lenet
 from mpifl.models.resnet_cifar import build_resnet20
 from mpifl.models.smallcnn import build_smallcnn
+from mpifl.models.unet import build_unet
 
 
 def _torchvision_builder(name: str) -> Callable[..., nn.Module]:
@@ -84,6 +86,10 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "densenet121": (
         _torchvision_builder("build_densenet121"),
         "torchvision DenseNet-121 (torchvision keys), >= 32x32 (61 with in/perxan; gPerXAN: 96)",
+    ),
+    "unet": (
+        build_unet,
+        "HarmoFL/FedFA prostate 2D U-Net (32-512, 4 poolings), per-pixel logits, sides multiples of 16 (papers: 384)",
     ),
 }
 

@@ -31,6 +31,8 @@ _BLOCKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "DenseNetFL": (("features.conv0", "features.norm0"),)
     + tuple((f"features.{part}{i}",) for i in range(1, 4) for part in ("denseblock", "transition"))
     + (("features.denseblock4",), ("features.norm5",), ("classifier",)),
+    "UNet": tuple((f"enc{i}", f"pool{i}") for i in range(1, 5)) + (("bottleneck",),)
+    + tuple((f"up{i}",) for i in range(4, 0, -1)) + (("classifier",),),
 }
 
 

@@ -210,6 +210,7 @@ _STAGES: dict[str, tuple[str, ...]] = {
     "MobileNetV2FL": ("features.3", "features.6", "features.13", "features.18"),
     "DenseNetFL": ("features.transition1", "features.transition2", "features.transition3",
                    "features.norm5"),
+    "UNet": ("pool1", "pool2", "pool3", "pool4", "bottleneck"),  # the encoder's stages, as FedFA's U-Net code
 }
 
 

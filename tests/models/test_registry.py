@@ -10,7 +10,7 @@ from mpifl.models import CONV_KINDS, MODEL_DESCRIPTIONS, MODEL_NAMES, NORM_KINDS
 def test_registry_lists_models_with_one_line_descriptions():
     assert MODEL_NAMES == (
         "digitmodel", "fedwon-cnn", "smallcnn", "alexnet", "alexnet-dropout", "lenet", "resnet20",
-        "resnet18", "resnet50", "mobilenetv2", "densenet121",
+        "resnet18", "resnet50", "mobilenetv2", "densenet121", "unet",
     )  # fmt: skip
     assert set(MODEL_DESCRIPTIONS) == set(MODEL_NAMES)
     for desc in MODEL_DESCRIPTIONS.values():
