@@ -320,26 +320,33 @@ def write_shards(directory: Path) -> None:
 
 
 def generate_styledigits(root) -> DatasetManifest:
-    """Build ``<root>/styledigits`` (shards + manifest) unless it is there; return its manifest.
+    """Build ``<root>/styledigits`` (shards + manifest) unless it is there; return its manifest."""
+    return build_generated(root, NAME, write_shards, source=SOURCE, protocol=PROTOCOL, normalize=NORMALIZE)
+
+
+def build_generated(root, name: str, write, *, source: str, protocol: dict, normalize: dict | None
+                    ) -> DatasetManifest:
+    """Build the generated dataset ``<root>/<name>`` with ``write(directory)`` (its shards) unless it is there;
+    return its manifest.
 
     Safe when several processes do it at once: each builds in its own
     temporary directory under ``root`` and renames it into place; a process
     that finds the target already there discards its copy.
     """
     root = Path(root)
-    final = root / NAME
+    final = root / name
     if not (final / MANIFEST).is_file():
         root.mkdir(parents=True, exist_ok=True)
-        tmp, lock = staging_dir(root, NAME)
+        tmp, lock = staging_dir(root, name)
         try:
-            write_shards(tmp / NAME)
-            build_manifest(tmp, NAME, source=SOURCE, protocol=PROTOCOL, normalize=NORMALIZE)
+            write(tmp / name)
+            build_manifest(tmp, name, source=source, protocol=protocol, normalize=normalize)
             try:
-                os.rename(tmp / NAME, final)
+                os.rename(tmp / name, final)
             except OSError:
                 if not (final / MANIFEST).is_file():
                     raise MpiflError(f"{final} exists but holds no complete dataset; "
                                      f"delete {final} to regenerate it") from None
         finally:
             discard_staging(tmp, lock)
-    return DatasetManifest.load(root, NAME)
+    return DatasetManifest.load(root, name)

@@ -26,9 +26,9 @@ from mpifl.data.names import CLASS_NAME, PLAIN_NAME, is_class_name, is_plain_nam
 from mpifl.data.shard import FORMAT_VERSION, SPLITS, TASKS, Shard
 
 MANIFEST = "manifest.json"
-#: Datasets mpifl builds itself on first use (see :mod:`mpifl.data.generated`):
+#: Datasets mpifl builds itself on first use (:mod:`mpifl.data.generated`, :mod:`mpifl.data.shapes`):
 #: the fix for a damaged one is to delete it, not to run a converter.
-GENERATED = ("styledigits",)
+GENERATED = ("styledigits", "styleshapes")
 
 def check_name(name: str) -> str:
     """Reject dataset names that are not a plain directory name."""

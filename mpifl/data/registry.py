@@ -1,8 +1,8 @@
 """Which datasets mpifl knows, where they live, and getting one ready to use.
 
 A dataset is a directory ``<root>/<name>/`` with shards and a manifest (see
-:mod:`mpifl.data.manifest`).  The generated ``styledigits`` is built on first
-use; every other dataset is converted once with ``python -m mpifl.data
+:mod:`mpifl.data.manifest`).  The generated ``styledigits`` and ``styleshapes`` are
+built on first use; every other dataset is converted once with ``python -m mpifl.data
 prepare`` or copied in as a prepared shard directory, which then loads
 whatever its name.
 """
@@ -15,10 +15,14 @@ from pathlib import Path
 from mpifl.errors import MpiflError
 from mpifl.data.generated import NAME as GENERATED_NAME
 from mpifl.data.generated import generate_styledigits
+from mpifl.data.shapes import NAME as SHAPES_NAME
+from mpifl.data.shapes import generate_styleshapes
 from mpifl.data.manifest import MANIFEST, DatasetManifest, check_name
 
 KNOWN_DATASETS = {
     GENERATED_NAME: "generated digits in 5 styles (mono, paper, street, texture, outline), 28 px",
+    SHAPES_NAME: "generated shapes to segment (background/shape masks) in 5 styles (flat, texture, mri, outline, "
+                 "blurred), 32 px",
     "pacs": "PACS: 7 classes in 4 domains (art_painting, cartoon, photo, sketch)",
     "office_caltech": "Office-Caltech-10: 10 classes in 4 domains (amazon, caltech, dslr, webcam)",
     "officehome": "Office-Home: 65 classes in 4 domains (art, clipart, product, real_world)",
@@ -34,6 +38,8 @@ KNOWN_DATASETS = {
     "camelyon17": "Camelyon17-WILDS: tumour patches, 2 classes, 5 hospitals (hospital0..hospital4), 96 px",
     "isic2019": "Fed-ISIC2019 (FLamby): skin lesions, 8 classes, 6 centres (center0..center5), 224 px",
     "fairface": "FairFace: faces, gender (2 classes) in 7 race domains, 224 px",
+    "prostate": "multi-site prostate MRI (SAML release): binary segmentation, 6 sites (BIDMC, HK, I2CVB, BMC, "
+                "RUNMC, UCL), 384 px",
 }
 
 
@@ -43,11 +49,11 @@ KNOWN_DATASETS = {
 # AlexNet on Office-Caltech-10 and DomainNet; FedNN ResNet-20 on CIFAR-10; WILDS
 # DenseNet-121 on Camelyon17).
 DEFAULT_MODELS = {
-    GENERATED_NAME: "digitmodel", "digits": "digitmodel",
+    GENERATED_NAME: "digitmodel", "digits": "digitmodel", SHAPES_NAME: "unet",
     "pacs": "resnet18", "officehome": "resnet18", "vlcs": "resnet18",
     "office_caltech": "alexnet", "domainnet": "alexnet", "domainnet10": "alexnet",
     "cifar10": "resnet20", "cifar10c": "resnet20",
-    "camelyon17": "densenet121", "isic2019": "resnet18", "fairface": "resnet18",
+    "camelyon17": "densenet121", "isic2019": "resnet18", "fairface": "resnet18", "prostate": "unet",
 }
 
 
@@ -58,6 +64,10 @@ FIXED_NORMALIZATION = {
     # FedBN's Office-Caltech-10 and DomainNet code: ToTensor() only, so [0, 1] pixels
     "office_caltech": ([0.0] * 3, [1.0] * 3), "domainnet10": ([0.0] * 3, [1.0] * 3),
 }
+
+
+#: the datasets built on first use, and their builders
+GENERATORS = {GENERATED_NAME: generate_styledigits, SHAPES_NAME: generate_styleshapes}
 
 
 def default_model(dataset: str) -> str:
@@ -71,16 +81,16 @@ def default_data_root() -> Path:
 
 
 def ensure_dataset(root, name: str) -> DatasetManifest:
-    """The manifest of dataset ``name`` under ``root``, generating ``styledigits`` if needed."""
+    """The manifest of dataset ``name`` under ``root``, generating ``styledigits`` or ``styleshapes`` if needed."""
     check_name(name)
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise MpiflError(f"data root {root} is a file, not a directory; pass --data-root (or MPIFL_DATA_ROOT) the "
                          "directory that holds the datasets, <root>/<name>/manifest.json")
     try:
-        if name == GENERATED_NAME:
+        if name in GENERATORS:
             if not (root / name / MANIFEST).is_file():
-                return generate_styledigits(root)
+                return GENERATORS[name](root)
             return DatasetManifest.load(root, name)
         if (root / name).is_dir() or name in KNOWN_DATASETS:
             return DatasetManifest.load(root, name)

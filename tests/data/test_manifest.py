@@ -253,8 +253,8 @@ def test_registry_errors(tmp_path):
 
 
 def test_known_datasets_cover_the_planned_converters():
-    assert {"styledigits", "pacs", "office_caltech", "officehome", "domainnet", "domainnet10", "vlcs",
-            "digits", "cifar10", "cifar10c", "camelyon17", "isic2019", "fairface"} == set(KNOWN_DATASETS)
+    assert {"styledigits", "styleshapes", "pacs", "office_caltech", "officehome", "domainnet", "domainnet10", "vlcs",
+            "digits", "cifar10", "cifar10c", "camelyon17", "isic2019", "fairface", "prostate"} == set(KNOWN_DATASETS)
 
 
 def test_default_data_root(monkeypatch, tmp_path):
