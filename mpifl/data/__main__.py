@@ -24,7 +24,9 @@ from mpifl.data.cifar import prepare_cifar10, prepare_cifar10c
 from mpifl.data.digits import prepare_digits
 from mpifl.data.fairface import prepare_fairface
 from mpifl.data.generated import generate_styledigits
+from mpifl.data.shapes import generate_styleshapes
 from mpifl.data.isic import prepare_isic2019
+from mpifl.data.prostate import prepare_prostate
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.registry import KNOWN_DATASETS, default_data_root, ensure_dataset
 
@@ -33,6 +35,12 @@ def _prepare_styledigits(src: Path | None, out: Path, size: int | None) -> Datas
     if src is not None or size is not None:
         raise MpiflError("styledigits is generated (28 px, no source); drop --src and --size")
     return generate_styledigits(out)
+
+
+def _prepare_styleshapes(src: Path | None, out: Path, size: int | None) -> DatasetManifest:
+    if src is not None or size is not None:
+        raise MpiflError("styleshapes is generated (32 px, no source); drop --src and --size")
+    return generate_styleshapes(out)
 
 
 def _prepare_folders(name: str, src: Path | None, out: Path, size: int | None) -> DatasetManifest:
@@ -50,7 +58,7 @@ def _prepare_digits(src: Path | None, out: Path, size: int | None) -> DatasetMan
 
 
 #: Converters: dataset name -> function(src, out, size) that writes ``out/<name>``.
-PREPARERS = {"styledigits": _prepare_styledigits,
+PREPARERS = {"styledigits": _prepare_styledigits, "styleshapes": _prepare_styleshapes,
              **{name: functools.partial(_prepare_folders, name) for name in BENCHMARKS},
              "digits": _prepare_digits,
              "cifar10": lambda src, out, size: prepare_cifar10(src, out, size, log=_stderr),
@@ -58,6 +66,7 @@ PREPARERS = {"styledigits": _prepare_styledigits,
                                                                                 log=_stderr),
              "camelyon17": lambda src, out, size: prepare_camelyon17(src, out, size, log=_stderr),
              "isic2019": lambda src, out, size: prepare_isic2019(src, out, size, log=_stderr),
+             "prostate": lambda src, out, size: prepare_prostate(src, out, size, log=_stderr),
              "fairface": lambda src, out, size: prepare_fairface(src, out, size, log=_stderr)}
 #: Converters that take options beyond --src/--size/--out: dataset name -> option names.
 EXTRA_OPTIONS = {"cifar10c": ("severity",)}

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from mpifl.algorithms import ALGORITHMS, all_options, get_algorithm
 from mpifl.plan.config import CORE_KEYS, check, resolve
 from mpifl.data import KNOWN_DATASETS
-from mpifl.data import camelyon, cifar, digits, fairface, isic
+from mpifl.data import camelyon, cifar, digits, fairface, isic, prostate
 from mpifl.data.__main__ import PREPARERS
 from mpifl.data.benchmarks import BENCHMARKS
 from mpifl.errors import MpiflError
@@ -24,6 +24,7 @@ DOMAINS = {
     "camelyon17": [camelyon.domain_id(i) for i in range(5)],
     "isic2019": [isic.domain_id(i) for i in range(len(isic.CENTERS))],
     "fairface": sorted(fairface.RACES.values()),
+    "prostate": list(prostate.SITES),
 }
 
 PRESETS = preset_names()
