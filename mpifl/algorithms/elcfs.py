@@ -43,10 +43,11 @@ on their own images and on those images carrying other clients' amplitude spectr
   ``create_graph``, so d theta' / d theta = I; ``second``: differentiated through (``create_graph``), the
   full derivative of the paper's objective.  Only the parameters that train take the inner step.  Both
   forward passes run in training mode, so batch-norm running statistics are updated by both.
-* **Left out: the boundary-oriented episodic loss** (sec. 3.4, weight 0.1 in the code), a contrastive
-  loss on features pooled over the boundary and background of the segmentation masks: a classification
-  label has no mask, hence no boundary.  :meth:`ELCFS.meta_test_loss` is the meta-test objective on the
-  interpolated images; a segmentation task adds gamma L_boundary there.
+* **Boundary-oriented episodic loss** (sec. 3.4), on a segmentation task only (a classification label has
+  no mask, hence no boundary): the meta-test objective adds gamma L_boundary
+  (:mod:`mpifl.algorithms.boundary`: NT-Xent of contour against background-band embeddings of the
+  meta-train and meta-test features), gamma = ``--elcfs-boundary-weight`` (0.1, the code's), temperature
+  ``--elcfs-temperature`` (0.05, the code's).
 * **Everything else is FedAvg** (the code's weighted average of the whole model); the global model is
   evaluated.  The paper's optimizer (Adam, lr 1e-3) is ``--optimizer``/``--lr``'s business.
 """
@@ -56,7 +57,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..data import DatasetManifest
@@ -64,6 +64,7 @@ from ..errors import MpiflError
 from ..plan.config import Option
 from ..plan.seeding import client_rng
 from ..transport.wire import TensorSpec
+from .boundary import boundary_loss
 from .fedavg import FedAvg
 
 AMPLITUDES = "elcfs.amplitudes"
@@ -138,6 +139,9 @@ class ELCFS(FedAvg):
         Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]"),
         Option("elcfs_order", str, "first", "ELCFS: meta-gradient: first (inner gradient a constant, authors' "
                "code) or second (through the inner step)", choices=ORDERS),
+        Option("elcfs_boundary_weight", float, 0.1, "ELCFS: weight gamma of the boundary-oriented loss on a "
+               "segmentation task (authors' code: 0.1; 0: off)"),
+        Option("elcfs_temperature", float, 0.05, "ELCFS: temperature of the boundary-oriented NT-Xent loss"),
     )
 
     def __init__(self, cfg, entries):
@@ -146,6 +150,8 @@ class ELCFS(FedAvg):
                     (0 <= cfg.opt("elcfs_band") <= 0.5, "--elcfs-band must be in [0, 0.5]"),
                     (cfg.opt("elcfs_inner_lr") >= 0, "--elcfs-inner-lr must be >= 0"),
                     (cfg.opt("elcfs_clip") > 0, "--elcfs-clip must be > 0"),
+                    (cfg.opt("elcfs_boundary_weight") >= 0, "--elcfs-boundary-weight must be >= 0"),
+                    (cfg.opt("elcfs_temperature") > 0, "--elcfs-temperature must be > 0"),
                     (cfg.aug != "fedrdn", "--aug fedrdn draws a normalization per mini-batch, which ELCFS cannot "
                      "undo to reach the pixels; use another --aug")]
         for ok, message in problems:
@@ -204,14 +210,25 @@ class ELCFS(FedAvg):
         return torch.addcmul(shift, moved, scale).to(x.dtype)
 
     def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The segmentation loss of the paper; cross-entropy for classification."""
-        return F.cross_entropy(logits, y)
+        """The run's task loss (:mod:`mpifl.plan.task`): cross-entropy, or Dice on a segmentation task."""
+        return self.task.loss(logits, y)
 
-    def meta_test_loss(self, model, weights: dict[str, torch.Tensor], x_moved: torch.Tensor,
-                       y: torch.Tensor) -> torch.Tensor:
-        """L_out on the interpolated images with the adapted weights (a segmentation task adds its
-        boundary-oriented term here)."""
-        return self.task_loss(functional_call(model, weights, (x_moved,)), y)
+    def meta_test_loss(self, model, weights: dict[str, torch.Tensor], x_moved: torch.Tensor, y: torch.Tensor,
+                       features: torch.Tensor) -> torch.Tensor:
+        """L_out on the interpolated images with the adapted weights; on a segmentation task plus gamma
+        L_boundary of the meta-train ``features`` and the meta-test ones (:mod:`mpifl.algorithms.boundary`)."""
+        moved = []
+        hook = model.classifier.register_forward_hook(lambda module, inputs, output: moved.append(inputs[0]))
+        try:
+            logits = functional_call(model, weights, (x_moved,))
+        finally:
+            hook.remove()
+        loss = self.task_loss(logits, y)
+        gamma = self.cfg.opt("elcfs_boundary_weight")
+        if self.task.name == "segmentation" and gamma:
+            loss = loss + gamma * boundary_loss(features, moved[0], y, logits.shape[1],
+                                                self.cfg.opt("elcfs_temperature"))
+        return loss
 
     def episodic_loss(self, client, model, x: torch.Tensor, x_moved: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,7 +243,7 @@ class ELCFS(FedAvg):
                                     create_graph=self.cfg.opt("elcfs_order") == "second")
         beta, g_max = self.cfg.opt("elcfs_inner_lr"), self.cfg.opt("elcfs_clip")
         adapted = {k: p - beta * g.clamp(-g_max, g_max) for (k, p), g in zip(params.items(), grads)}
-        total = inner + self.meta_test_loss(model, adapted, x_moved, y)
+        total = inner + self.meta_test_loss(model, adapted, x_moved, y, features)
         return self.plus_extra(total, client, model, features, logits, y), logits
 
     def batch_loss(self, client, model, x, y):
