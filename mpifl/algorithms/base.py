@@ -60,6 +60,7 @@ from ..errors import MpiflError
 from ..plan.clients import ClientSpec
 from ..plan.config import Option, RunConfig
 from ..plan.optim import build_optimizer, round_lr
+from ..plan.task import CLASSIFICATION, Task
 from ..models import StateEntry, build_model, place_composite_norms
 from ..transport.wire import TensorSpec
 from .guide import NAME as GUIDE, frozen_head, guide_loss, with_guide
@@ -140,6 +141,9 @@ class Algorithm:
     fresh_optimizer: ClassVar[bool] = False
     #: the default of ``--guide-lambda``, the guiding regularizer's weight (:mod:`mpifl.algorithms.guide`)
     default_guide_lambda: ClassVar[float] = 0.0
+    #: why the method's rule needs a class per image ("" for a task-agnostic method): it refuses a segmentation
+    #: task with it
+    classification_only: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         """Registers a named method, and gives every method ``--guide-lambda`` at its :attr:`default_guide_lambda`."""
@@ -166,6 +170,7 @@ class Algorithm:
         # a RunConfig built in code may leave the option out: the method's default
         self.guide_lambda: float = cfg.algo_options.get(GUIDE, self.default_guide_lambda)
         self._global_head: nn.Module | None = None  # h_g of the round being trained (guiding regularizer)
+        self.task: Task = CLASSIFICATION  # the dataset's (bind_task)
 
     @property
     def selection(self) -> str:
@@ -180,6 +185,19 @@ class Algorithm:
         participants, needs (SCAFFOLD's c, FedDyn's h).
         """
         self.training_ids = sorted(c.id for c in clients if c.trains)
+
+    @classmethod
+    def check_task(cls, cfg: RunConfig, task: Task) -> None:
+        """A method whose rule needs a class per image refuses a segmentation task in one line (called before
+        the model is built)."""
+        if task.name != "classification" and cls.classification_only:
+            raise MpiflError(f"--algo {cls.name} {cls.classification_only}; {cfg.data} is a {task.name} "
+                             "dataset (a class per pixel): pick a method whose rule does not need classes")
+
+    def bind_task(self, task: Task) -> None:
+        """The run's task (:mod:`mpifl.plan.task`), from its dataset (:meth:`check_task`)."""
+        self.check_task(self.cfg, task)
+        self.task = task
 
     @property
     def num_training_clients(self) -> int:
@@ -399,10 +417,11 @@ class Algorithm:
 
     def batch_loss(self, client: ClientState, model: nn.Module, x: torch.Tensor,
                    y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(training objective, logits) of one mini-batch: CE(classifier(encode(x)), y) + :meth:`extra_loss`."""
+        """(training objective, logits) of one mini-batch: the task's loss (cross-entropy; Dice for segmentation)
+        of classifier(encode(x)), + :meth:`extra_loss`."""
         features = model.encode(x)
         logits = model.classifier(features)
-        return self.plus_extra(F.cross_entropy(logits, y), client, model, features, logits, y), logits
+        return self.plus_extra(self.task.loss(logits, y), client, model, features, logits, y), logits
 
     def plus_extra(self, loss: torch.Tensor, client: ClientState, model: nn.Module, features: torch.Tensor,
                    logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

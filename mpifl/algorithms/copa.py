@@ -85,6 +85,7 @@ def ensemble_logits(logits: torch.Tensor, rule: str) -> torch.Tensor:
 class COPA(FedAvg):
     name = "copa"
     summary = "COPA: the feature extractor is averaged; every client's head goes to everyone, trained against frozen"
+    classification_only = "ensembles the clients' image classifiers"
     evaluates = ("global", "personal")
     norm = "ibn"
     options = FedAvg.options + (

@@ -29,6 +29,7 @@ FINETUNE_PARTS = ("full", "head")
 class FedBABU(FedAvg):
     name = "fedbabu"
     summary = "FedBABU: the body is averaged under a frozen random head; each client fine-tunes to evaluate"
+    classification_only = "fixes a random image-classifier head and fine-tunes it to evaluate"
     evaluates = ("global", "personal")
     options = FedAvg.options + (
         Option("fedbabu_finetune_epochs", int, 5,

@@ -103,6 +103,7 @@ def mean_rows(batches, size: int, groups: int, per_group: int, num_classes: int,
 class FedMix(FedAvg):
     name = "fedmix"
     summary = "FedMix: FedAvg with the Taylor-approximated Mixup against other clients' shared mean images"
+    classification_only = "mixes images with other clients' mean images and their mean one-hot labels"
     options = FedAvg.options + (
         Option("fedmix_lambda", float, 0.1, "FedMix: mixing weight lambda"),
         Option("fedmix_batch", int, 5, "FedMix: number of local images averaged into one shared mean image"),

@@ -23,6 +23,7 @@ from .fedavg import FedAvg
 class FedPer(FedAvg):
     name = "fedper"
     summary = "FedPer: the last --fedper-personal-layers blocks stay on each client, the base is averaged"
+    classification_only = "splits the network at its image classifier, a personal head"
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("fedper_personal_layers", int, 1,

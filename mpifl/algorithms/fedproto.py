@@ -83,6 +83,7 @@ def aggregate_prototypes(protos: np.ndarray, counts: np.ndarray, previous: torch
 class FedProto(FedAvg):
     name = "fedproto"
     summary = "FedProto: models stay local, class prototypes (mean features) are averaged and regularize"
+    classification_only = "averages class prototypes, one mean feature per class of the images"
     evaluates = ("personal",)
     options = (Option("mu", float, 1.0, "FedProto: weight lambda of the prototype loss"),  # no model is averaged
                Option("proto_epochs", str, "last", "FedProto: local epochs whose features make the prototypes: "

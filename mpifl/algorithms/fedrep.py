@@ -25,6 +25,7 @@ from .fedavg import FedAvg
 class FedRep(FedAvg):
     name = "fedrep"
     summary = "FedRep: each round the personal head trains first, then the shared body, which is averaged"
+    classification_only = "trains a personal image-classifier head apart from the body"
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("fedrep_head_epochs", int, 10,

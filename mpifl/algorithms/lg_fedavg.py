@@ -43,6 +43,7 @@ from .fedavg import FedAvg
 class LGFedAvg(FedAvg):
     name = "lg-fedavg"
     summary = "LG-FedAvg: local lower layers stay private, the last --lg-global-layers layers are averaged"
+    classification_only = "shares the layers next to the image classifier and keeps the lower ones"
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("lg_global_layers", int, 1,

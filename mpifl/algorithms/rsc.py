@@ -79,6 +79,7 @@ def challenged_samples(before: torch.Tensor, after: torch.Tensor, fraction: floa
 class RSC(FedAvg):
     name = "rsc"
     summary = "FedAvg with Representation Self-Challenging: mute the features the true class relies on most"
+    classification_only = "mutes the features the image's true class relies on most"
     options = FedAvg.options + (
         Option("rsc_drop", float, RSC_DROP, "RSC: fraction of feature entries muted per challenged sample"),
         Option("rsc_batch", float, RSC_BATCH, "RSC: fraction of the mini-batch that is challenged"),

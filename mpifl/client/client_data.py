@@ -110,7 +110,8 @@ class StreamedImages:
 
 
 class ClientData:
-    """Train/val/test images (resident or streamed) and labels (always resident) of one client."""
+    """Train/val/test images (resident or streamed) and labels (always resident: class ids, or uint8 masks of a
+    segmentation task) of one client; batches carry the labels as int64."""
 
     def __init__(self, images: dict, labels: dict[str, torch.Tensor], normalizer: Normalizer,
                  transforms: TrainTransforms | None = None, own: tuple[str, int] | None = None):
@@ -155,12 +156,12 @@ class ClientData:
         for pixels, index in self.images["train"].shuffled(rng, batch_size):
             if len(pixels) == 1 and batch_size > 1:
                 return
-            yield self._input(pixels, self.normalizer.train(len(pixels), rng), rng), self.labels["train"][index]
+            yield self._input(pixels, self.normalizer.train(len(pixels), rng), rng), self.labels["train"][index].long()
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         affine = self.normalizer.eval()
         for pixels, index in self.images[split].in_order(batch_size):
-            yield self._input(pixels, affine), self.labels[split][index]
+            yield self._input(pixels, affine), self.labels[split][index].long()
 
     def pixel_chunks(self, split: str) -> Iterator[torch.Tensor]:
         """The split's uint8 images in chunks, for statistics over a whole split."""

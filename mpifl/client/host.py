@@ -152,7 +152,7 @@ class ClientHost:
         val_correct = val_seen = 0
         if self.algo.selection == "local-val":  # the post-training local model, before aggregation
             _, val_correct, val_seen = evaluate(self.model, self.data[client.id], "val",
-                                                self.session.cfg.eval_batch_size, self.precision)
+                                                self.session.cfg.eval_batch_size, self.precision, self.algo.task)
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
                                        loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen,
                                        val_correct=val_correct, val_seen=val_seen)
@@ -185,7 +185,7 @@ class ClientHost:
                 self.algo.personalize(client, self.model, self._fitter(client, round_index))
             for s, split in enumerate(EVAL_SPLITS):
                 out[k, s] = torch.tensor(evaluate(self.model, self.data[client.id], split,
-                                                  self.session.cfg.eval_batch_size, self.precision),
+                                                  self.session.cfg.eval_batch_size, self.precision, self.algo.task),
                                          dtype=torch.float64)
         return out
 

@@ -17,6 +17,7 @@ from ..models import StateEntry
 from ..plan.config import RunConfig
 from ..plan.optim import keep_state, restore_state
 from ..plan.seeding import client_rng, client_torch_seed
+from ..plan.task import CLASSIFICATION, Task
 from .client_data import ClientData
 from ..errors import MpiflError
 from .precision import FP32, Precision
@@ -26,7 +27,7 @@ from .precision import FP32, Precision
 class TrainStats:
     steps: int
     loss_sum: float  # training objective (CE + the method's term) summed over samples
-    correct: int
+    correct: float  # the task's score summed over samples (classification: correct ones)
     seen: int
     data_seconds: float = 0.0  # spent producing batches (host-side time; on a GPU the indexing is asynchronous)
 
@@ -56,7 +57,7 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
         for key, parameter in parameters:
             parameter.requires_grad_(trainable(entries[key], epoch))
         loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
-        correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
+        correct = torch.zeros((), dtype=torch.float64, device=loss_sum.device)
         seen = 0
         for x, y in _timed(data.train_batches(rng, batch_size), stats):
             optimizer.zero_grad(set_to_none=True)
@@ -68,7 +69,7 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             precision.step(optimizer)
             loss_sum += loss.detach().double() * len(y)
-            correct += (logits.detach().argmax(1) == y).sum()
+            correct += algo.task.score_sum(logits.detach(), y)
             seen += len(y)
             stats.steps += 1
         epoch_loss = float(loss_sum)
@@ -77,24 +78,25 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
                 f"loss is {epoch_loss} for client {client.id} ({client.spec.domain}) in round {round_index}, "
                 f"epoch {epoch + 1}; lower --lr or check that client's data")
         stats.loss_sum += epoch_loss
-        stats.correct += int(correct)
+        stats.correct += float(correct)
         stats.seen += seen
     return stats
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ClientData, split: str, batch_size: int,
-             precision: Precision = FP32) -> tuple[float, int, int]:
-    """(summed cross-entropy, correct, count) of the model on one split."""
+             precision: Precision = FP32, task: Task = CLASSIFICATION) -> tuple[float, float, int]:
+    """(summed loss, summed score, count) of the model on one split: for classification the summed
+    cross-entropy and the number correct (:mod:`mpifl.plan.task`)."""
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
-    correct = torch.zeros((), dtype=torch.int64, device=loss_sum.device)
+    correct = torch.zeros((), dtype=torch.float64, device=loss_sum.device)
     for x, y in data.eval_batches(split, batch_size):
         with precision.autocast():
             logits = model(precision.inputs(x)).float()
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
-        correct += (logits.argmax(1) == y).sum()
-    return float(loss_sum), int(correct), data.size(split)
+        loss_sum += task.loss_sum(logits, y).double()
+        correct += task.score_sum(logits, y)
+    return float(loss_sum), float(correct), data.size(split)
 
 
 def load_state(slots: dict[str, torch.Tensor], algo: Algorithm, download: dict[str, torch.Tensor],
@@ -118,7 +120,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
 
     def score(split: str) -> tuple[float, int, int]:
-        return evaluate(model, data, split, cfg.eval_batch_size, precision)
+        return evaluate(model, data, split, cfg.eval_batch_size, precision, algo.task)
 
     algo.score_local(client, model, "downloaded", score)
     algo.begin_local(client, model, download)

@@ -22,6 +22,7 @@ from ..client.transforms import TRANSFORMS, parse
 from ..models.norm import NORM_KINDS
 
 OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
+SEG_LOSSES = ("dice", "dice-ce")  # --seg-loss (mpifl.plan.task)
 LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
 
 
@@ -60,6 +61,7 @@ class RunConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     optimizer: str = "sgd"
+    seg_loss: str = "dice"
     lr_schedule: str = "none"
     lr_gamma: float = 0.1
     lr_step: int = 1
@@ -185,6 +187,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.momentum >= 0, "--momentum must be >= 0"),
         (cfg.weight_decay >= 0, "--weight-decay must be >= 0"),
         (cfg.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}"),
+        (cfg.seg_loss in SEG_LOSSES, f"--seg-loss must be one of {', '.join(SEG_LOSSES)}"),
         (not (cfg.optimizer == "adam" and cfg.momentum), "--momentum applies to --optimizer sgd only; drop it "
                                                           "with --optimizer adam"),
         (not (cfg.keep_optimizer and cfg.optimizer == "sgd" and not cfg.momentum),

@@ -27,6 +27,7 @@ from .clients import SPLITS, ClientSpec, make_clients
 from .config import RunConfig
 from .placement import place_clients
 from .seeding import sample_clients, seed_model_init
+from .task import task_of
 
 
 @dataclass
@@ -95,12 +96,15 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     cfg.input_norm = resolve_input_norm(cfg.input_norm, cfg.pretrained)  # a RunConfig built in code, too
     check_input_norm(cfg.input_norm, manifest)
     algo_cls = get_algorithm(cfg.algo)
+    task = task_of(manifest.task, cfg.seg_loss)
+    algo_cls.check_task(cfg, task)
     seed_model_init(cfg.seed)
     model = _model(cfg, manifest, algo_cls)
     pretrained = load_pretrained(model, cfg.pretrained) if cfg.pretrained else None
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     algo = algo_cls(cfg, state_entries(model))
     algo.bind_clients(clients)
+    algo.bind_task(task)
     check_guide(algo)
     if cfg.holdout is not None and "global" not in algo.evaluates:
         raise MpiflError(f"--holdout needs a method with a global model; {cfg.algo} evaluates personal models only "

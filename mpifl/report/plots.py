@@ -1,6 +1,6 @@
 """PNG figures of runs over rounds, one figure per metric, one line per run.
 
-* ``accuracy-<domain>.png``: test accuracy (%) of the domain per evaluated
+* ``accuracy-<domain>.png``: test accuracy (%; Dice for segmentation runs) of the domain per evaluated
   round, and ``accuracy-mean.png`` for the mean over source domains (the
   papers' curves: FedWon Fig. 4 right / Fig. 10a, FedNN Fig. 5, FedRDN Fig. 1);
 * ``bytes-per-round.png``: MB of the method's tensors per round, down + up
@@ -51,7 +51,7 @@ def _accuracy_curve(run: Run, domain: str) -> tuple[list[int], list[float]]:
     for record in run.evaluated:
         test = record["eval"].get(kind, {}).get("test", {}) if kind else {}
         scores = test.get("mean", {}) if domain == "mean" else test.get("domains", {}).get(domain, {})
-        value = scores.get("acc")
+        value = scores.get(run.metric)
         if value is not None:
             xs.append(record["round"])
             ys.append(100 * value)
@@ -112,9 +112,11 @@ def plot_runs(runs: list[Run], out: Path, labels: dict[str, str] | None = None) 
     styler = _Styler(runs, labels or {})
     written = []
     domains = list(dict.fromkeys(d for run in runs for d in run.domains))
+    metrics = {run.metric for run in runs}
+    score = "Dice" if metrics == {"dice"} else "accuracy" if metrics <= {"acc"} else "score (accuracy or Dice)"
     for domain in domains + ["mean"]:
         what = "mean over source domains" if domain == "mean" else f"domain {domain}"
-        fig, ax = _figure(f"Test accuracy per round: {what}", "test accuracy (%)")
+        fig, ax = _figure(f"Test {score} per round: {what}", f"test {score} (%)")
         lines = 0
         for run in runs:
             xs, ys = _accuracy_curve(run, domain)

@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
-from mpifl.server.run_log import selection_of, summary_rows
+from mpifl.server.run_log import metric_of, selection_of, summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "ckpt_every",
@@ -78,21 +78,28 @@ class Run:
             seen.update(dict.fromkeys(self.evaluated[0]["eval"][kind]["test"]["domains"]))
         return list(seen)
 
+    @cached_property
+    def metric(self) -> str:
+        """The run's score: ``acc``, or ``dice`` for a segmentation run (:func:`mpifl.server.run_log.metric_of`)."""
+        return metric_of(self.records)
+
     @property
     def source_domains(self) -> list[str]:
         return [d for d in self.domains if d != self.holdout]
 
     @cached_property
     def scores(self) -> dict[str, dict[str, dict]]:
-        """``scores[kind][domain]`` = {last, best (fractions), last_round, best_round}: test accuracy at the
+        """``scores[kind][domain]`` = {last, best (fractions), last_round, best_round}: test score (accuracy or
+        Dice, :attr:`metric`) at the
         last evaluation and at the round of best mean validation accuracy (:func:`mpifl.server.run_log.summary_rows`,
         the rule of ``summary.csv``); ``domain`` ``mean`` is the mean over source domains."""
         out: dict[str, dict[str, dict]] = {}
+        metric = self.metric
         for row in summary_rows(self.records, self.kinds, self.source_domains, self.holdout,
-                                selection_of(self.config)):
+                                selection_of(self.config), metric):
             domain = row["domain"].removesuffix(" (held out)")
             out.setdefault(row["model"], {})[domain] = {
-                "last": row["last_test_acc"], "best": row["best_test_acc"],
+                "last": row[f"last_test_{metric}"], "best": row[f"best_test_{metric}"],
                 "last_round": row["last_round"], "best_round": row["best_round"]}
         return out
 

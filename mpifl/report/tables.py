@@ -281,7 +281,8 @@ def markdown(tables: list[GroupTable], base: Path | None = None, left_out: list[
     """The report as markdown: one section per configuration, then one comparison per preset; ``left_out``:
     incomplete runs not counted, named first."""
     lines = ["# mpifl report", "",
-             "Test accuracy (%), mean ± sample std (n - 1) over the seeds of each configuration; "
+             "Test accuracy (%; Dice (%) for segmentation runs, marked), mean ± sample std (n - 1) over the seeds "
+             "of each configuration; "
              "'best val' = the best round of each run's --select-by rule (as summary.csv: mean validation "
              "accuracy, or for gPerXAN its clients' post-training local validation accuracy).", ""]
     if left_out:
@@ -289,7 +290,8 @@ def markdown(tables: list[GroupTable], base: Path | None = None, left_out: list[
                   + ", ".join(run.label(base) for run in left_out), ""]
     for table in tables:
         n = len(table.seeds)
-        lines.append(f"## {table.label} — {_describe(table)}: {table.kind} model")
+        dice = " (Dice)" if table.runs[0].metric == "dice" else ""
+        lines.append(f"## {table.label} — {_describe(table)}: {table.kind} model{dice}")
         lines.append("")
         what = "leave-one-domain-out: each domain's accuracy when held out, " if table.lodo else ""
         lines.append(f"{what}{len(table.runs)} run{'s' * (len(table.runs) != 1)}, {n} seed{'s' * (n != 1)} "

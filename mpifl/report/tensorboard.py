@@ -4,7 +4,7 @@ One event directory per run, ``<out>/tensorboard/<run>``, step = round:
 
 * ``<kind>/test_acc/<domain>``, ``<kind>/test_loss/<domain>``,
   ``<kind>/val_acc/<domain>`` (``<domain>`` ``mean`` too; accuracies in %;
-  kind = global or personal) on evaluation rounds;
+  kind = global or personal; ``dice`` in place of ``acc`` for a segmentation run) on evaluation rounds;
 * ``train/loss``, ``train/acc`` (%), ``bytes/<down|up|wire_down|wire_up>``,
   ``seconds/<round|compute|...>`` every round.
 
@@ -33,23 +33,24 @@ def available() -> bool:
 def scalars(run: Run) -> list[tuple[str, float, int]]:
     """(tag, value, round) of every scalar of a run, in round order."""
     out = []
+    score = run.metric  # acc, or dice for a segmentation run
     for record in run.records:
         step = int(record["round"])
         train = record.get("train", {})
         if "loss" in train:
             out.append(("train/loss", float(train["loss"]), step))
-        if "acc" in train:
-            out.append(("train/acc", 100 * float(train["acc"]), step))
+        if score in train:
+            out.append((f"train/{score}", 100 * float(train[score]), step))
         out += [(f"bytes/{k}", float(v), step) for k, v in record.get("bytes", {}).items()]
         out += [(f"seconds/{k}", float(v), step) for k, v in record.get("seconds", {}).items()]
         for kind, splits in record.get("eval", {}).items():
-            for split, metrics in (("test", ("acc", "loss")), ("val", ("acc",))):
+            for split, metrics in (("test", (score, "loss")), ("val", (score,))):
                 scores = splits.get(split, {})
                 per_domain = {"mean": scores.get("mean", {}), **scores.get("domains", {})}
                 for domain, values in per_domain.items():
                     for metric in metrics:
                         if metric in values:
-                            scale = 100 if metric == "acc" else 1
+                            scale = 100 if metric == score else 1
                             out.append((f"{kind}/{split}_{metric}/{domain}", scale * float(values[metric]), step))
     return out
 

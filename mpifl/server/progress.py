@@ -1,4 +1,4 @@
-"""Rank 0's progress line: rounds done, last mean accuracy, elapsed and ETA.
+"""Rank 0's progress line: rounds done, last mean score (accuracy, or Dice), elapsed and ETA.
 
 On a terminal the line is redrawn in place; in a batch log (Slurm) one line
 is printed per evaluation round instead, so logs stay readable.
@@ -16,8 +16,8 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, stream=None, width: int = 24):
-        self.total, self.width = total, width
+    def __init__(self, total: int, stream=None, width: int = 24, metric: str = "acc"):
+        self.total, self.width, self.metric = total, width, metric
         self.stream = stream or sys.stdout
         self.start = time.monotonic()
         self.tty = self.stream.isatty()
@@ -33,7 +33,7 @@ class Progress:
         filled = int(self.width * done / self.total)
         acc_text = "  -  " if acc is None else f"{100 * acc:5.1f}%"
         line = (f"round {done:>{len(str(self.total))}}/{self.total} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"mean acc {acc_text}  elapsed {_clock(elapsed)}  eta {_clock(eta)}")
+                f"mean {self.metric} {acc_text}  elapsed {_clock(elapsed)}  eta {_clock(eta)}")
         if self.tty:
             self.stream.write("\r" + line + ("\n" if done == self.total else ""))
         elif acc != self._last_acc or done == self.total:

@@ -3,7 +3,7 @@
 One JSON line per round::
 
     {"round": 3, "clients": [0, 2, 4],
-     "train": {"loss": .., "acc": .., "local_val_acc": ..},
+     "train": {"loss": .., "acc": .., "local_val_acc": ..},   # "dice" in place of "acc" for segmentation
      "bytes": {"down": .., "up": .., "wire_down": .., "wire_up": ..},
      "seconds": {"round": .., "compute": .., "evaluation": .., "communication": .., "waiting": ..,
                  "aggregation": ..},
@@ -63,8 +63,9 @@ def selection_of(config: dict) -> str:
 
 
 def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of: dict[int, str],
-                   domains: list[str], source_domains: list[str]) -> dict:
-    """Per-client, per-domain and mean accuracy/loss from (kind, split, [loss, correct, count]) arrays.
+                   domains: list[str], source_domains: list[str], metric: str = "acc") -> dict:
+    """Per-client, per-domain and mean score/loss from (kind, split, [loss, score sum, count]) arrays; the score
+    under ``metric`` (the task's, :mod:`mpifl.plan.task`: ``acc``, or ``dice`` for segmentation).
 
     ``mean`` averages the source (training) domains; a held-out domain is
     reported under ``domains`` but not in the mean.
@@ -73,26 +74,34 @@ def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of
     for k, kind in enumerate(kinds):
         out[kind] = {}
         for s, split in enumerate(EVAL_SPLITS):
-            clients = {str(c): _score(raw[c][k, s]) for c in sorted(raw)}
-            pooled = {d: _score(sum(raw[c][k, s] for c in raw if domain_of[c] == d)) for d in domains}
+            clients = {str(c): _score(raw[c][k, s], metric) for c in sorted(raw)}
+            pooled = {d: _score(sum(raw[c][k, s] for c in raw if domain_of[c] == d), metric) for d in domains}
             pooled = {d: v for d, v in pooled.items() if v["n"] > 0}
             sources = [v for d, v in pooled.items() if d in source_domains]
-            mean = {m: float(np.mean([v[m] for v in sources])) if sources else float("nan") for m in ("acc", "loss")}
+            mean = {m: float(np.mean([v[m] for v in sources])) if sources else float("nan") for m in (metric, "loss")}
             out[kind][split] = {"mean": mean, "domains": pooled, "clients": clients}
     return out
 
 
-def _score(total) -> dict:
+def _score(total, metric: str = "acc") -> dict:
     loss, correct, count = (float(x) for x in np.broadcast_to(total, (3,)))
     n = int(count)
-    return {"acc": correct / n if n else float("nan"), "loss": loss / n if n else float("nan"), "n": n}
+    return {metric: correct / n if n else float("nan"), "loss": loss / n if n else float("nan"), "n": n}
+
+
+def metric_of(records: list[dict]) -> str:
+    """The score key of a run's records: ``dice`` for a segmentation run, else ``acc``."""
+    for record in records:
+        if "dice" in record.get("train", {}):
+            return "dice"
+    return "acc"
 
 
 class MetricsLog:
     """Appends round records in order and writes the summaries at the end."""
 
     def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
-                 selection: str = "val-mean"):
+                 selection: str = "val-mean", metric: str = "acc"):
         self.path = run_dir / "metrics.jsonl"
         self.run_dir = run_dir
         # the run's own directory, held open so that its inode is not reused by one made later at its path
@@ -102,6 +111,7 @@ class MetricsLog:
         self.domains = domains  # source domains
         self.holdout = holdout
         self.selection = selection  # the best-round rule (summary_rows)
+        self.metric = metric  # the task's score key
         self.records: list[dict] = []
         self._pending: dict | None = None  # a round waiting for its evaluation
 
@@ -157,12 +167,12 @@ class MetricsLog:
         """(round, mean test accuracy) of the newest evaluated round; (None, None) before the first."""
         for record in reversed(self.records):
             if "eval" in record:
-                return record["round"], record["eval"][self.kinds[0]]["test"]["mean"]["acc"]
+                return record["round"], record["eval"][self.kinds[0]]["test"]["mean"][self.metric]
         return None, None
 
     def write_summary(self) -> list[dict]:
         self._check_directory()
-        rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection)
+        rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
         with (self.run_dir / "summary.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
@@ -182,9 +192,10 @@ def _identity(directory: Path | int) -> tuple[int, int] | None:
 
 
 def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str],
-                 holdout: str | None = None, selection: str = "val-mean") -> list[dict]:
-    """Test accuracy per source domain, their mean, and the held-out domain if any,
-    at the last round and at the best-validation round (column ``selection``: the rule).
+                 holdout: str | None = None, selection: str = "val-mean", metric: str = "acc") -> list[dict]:
+    """Test score (``metric``: accuracy, or Dice) per source domain, their mean, and the held-out domain if any,
+    at the last round and at the best-validation round (column ``selection``: the rule); columns
+    ``last_test_<metric>`` and ``best_test_<metric>``.
 
     The best round, among the evaluated ones and the earliest on ties, maximises
     under ``val-mean`` the mean validation accuracy of that model kind over the
@@ -202,27 +213,29 @@ def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str]
         if selection == "local-val":
             best = max(evaluated, key=lambda r: (r["train"]["local_val_acc"], -r["round"]))
         else:
-            best = max(evaluated, key=lambda r: (r["eval"][kind]["val"]["mean"]["acc"], -r["round"]))
+            best = max(evaluated, key=lambda r: (r["eval"][kind]["val"]["mean"][metric], -r["round"]))
         targets = [holdout] if holdout and holdout in last["eval"][kind]["test"]["domains"] else []
         for domain in domains + ["mean"] + targets:
-            def acc(record):
+            def score(record):
                 test = record["eval"][kind]["test"]
-                return test["mean"]["acc"] if domain == "mean" else test["domains"][domain]["acc"]
+                return test["mean"][metric] if domain == "mean" else test["domains"][domain][metric]
             rows.append({"model": kind, "domain": domain + (" (held out)" if domain in targets else ""),
-                         "last_round": last["round"], "last_test_acc": acc(last),
-                         "best_round": best["round"], "best_test_acc": acc(best), "selection": selection})
+                         "last_round": last["round"], f"last_test_{metric}": score(last),
+                         "best_round": best["round"], f"best_test_{metric}": score(best), "selection": selection})
     return rows
 
 
 def summary_markdown(rows: list[dict]) -> str:
+    metric = "dice" if "last_test_dice" in rows[0] else "acc"
     lines = []
     for kind in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == kind]
-        lines += [f"### {kind} model: test accuracy (%)", "",
+        lines += [f"### {kind} model: test {'Dice' if metric == 'dice' else 'accuracy'} (%)", "",
                   f"| domain | last (round {mine[0]['last_round']}) | best val (round {mine[0]['best_round']}, "
                   f"{mine[0]['selection']}) |",
                   "| --- | ---: | ---: |"]
-        lines += [f"| {r['domain']} | {100 * r['last_test_acc']:.2f} | {100 * r['best_test_acc']:.2f} |" for r in mine]
+        lines += [f"| {r['domain']} | {100 * r[f'last_test_{metric}']:.2f} | {100 * r[f'best_test_{metric}']:.2f} |"
+                  for r in mine]
         lines.append("")
     return "\n".join(lines)
 
@@ -237,8 +250,10 @@ def fold_summary(fold_dirs: dict[str, Path]) -> str:
     for domain, run_dir in fold_dirs.items():
         with (run_dir / "summary.csv").open() as f:
             row = next(r for r in csv.DictReader(f) if r["model"] == "global" and r["domain"].endswith("(held out)"))
-        best[domain], last[domain] = float(row["best_test_acc"]), float(row["last_test_acc"])
-    lines = ["### leave-one-domain-out: held-out domain test accuracy (%), global model", "",
+        metric = "dice" if "best_test_dice" in row else "acc"
+        best[domain], last[domain] = float(row[f"best_test_{metric}"]), float(row[f"last_test_{metric}"])
+    name = "Dice" if metric == "dice" else "accuracy"
+    lines = [f"### leave-one-domain-out: held-out domain test {name} (%), global model", "",
              "| | " + " | ".join(fold_dirs) + " | mean |", "| --- |" + " ---: |" * (len(fold_dirs) + 1)]
     for name, values in (("best source val", best), ("last round", last)):
         lines.append(f"| {name} | " + " | ".join(f"{100 * v:.2f}" for v in values.values())

@@ -41,9 +41,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
             (_err if line.startswith("mpifl: warning") else print)(line)
             log_file.write(line + "\n")
         log_file.flush()  # a job killed later still leaves who ran where
-        progress = Progress(cfg.rounds)
+        progress = Progress(cfg.rounds, metric=session.algo.task.metric)
         metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout,
-                             session.algo.selection)
+                             session.algo.selection, session.algo.task.metric)
         if resumed:
             metrics.resume(resumed.round, resumed.pending,
                            evaluated=RoundProtocol(session).evaluates_round(resumed.round))
@@ -51,7 +51,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
         def on_round(r: int, evaluated: int | None, acc: float | None) -> None:
             progress.update(r, acc)
             log_file.write(f"round {r}: " + ("not evaluated yet\n" if evaluated is None else
-                                             f"mean test acc {acc:.4f} (round {evaluated})\n"))
+                                             f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
             log_file.flush()
 
         server = Server(session, comm, metrics, on_round, run_dir, resumed, stop)

@@ -89,7 +89,7 @@ class Server:
             if header.evaluate != NO_EVAL:
                 self.log.add_eval(header.evaluate, summarize_eval(evals, self.algo.evaluates, self.session.domain_of,
                                                                   self.session.manifest.domains,
-                                                                  self.session.source_domains))
+                                                                  self.session.source_domains, self.algo.task.metric))
                 self._report_progress(header.evaluate)
             if header.action == FINAL:
                 break
@@ -129,7 +129,8 @@ class Server:
         seen = meta["seen"].sum()
         slowest = {name: float(seconds[field].max()) if len(seconds) else 0.0
                    for name, field in (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"))}
-        train = {"loss": float(meta["loss_sum"].sum() / seen), "acc": float(meta["correct"].sum() / seen)}
+        train = {"loss": float(meta["loss_sum"].sum() / seen),
+                 self.algo.task.metric: float(meta["correct"].sum() / seen)}
         if self.algo.selection == "local-val":
             train["local_val_acc"] = local_val_acc(meta)
         return {

@@ -6,6 +6,7 @@ from mpifl.algorithms import ALGORITHMS, Uploads, get_algorithm, weighted_mean
 from mpifl.algorithms.base import SUM_BLOCK, weighted_sum
 from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
+from mpifl.plan.task import CLASSIFICATION, SEGMENTATION
 
 from .helpers import client_meta, gradients_after_shift, make_algo
 
@@ -106,3 +107,16 @@ def test_a_rule_option_takes_only_its_choices_in_one_line():
     cfg = RunConfig(algo="fednn", algo_options={o.name: o.default for o in cls.options} | {"agn_mix": "sd"})
     with pytest.raises(MpiflError, match="^--agn-mix must be one of var, std, got 'sd'$"):
         cls.network(cfg, num_classes=10)
+
+
+def test_methods_whose_rule_needs_classes_refuse_a_segmentation_task_in_one_line():
+    refusing = sorted(name for name, cls in ALGORITHMS.items() if cls.classification_only)
+    assert refusing == ["copa", "fedbabu", "fedmix", "fedper", "fedproto", "fedrep", "lg-fedavg", "rsc"]
+    algo, _ = make_algo("fedproto")
+    with pytest.raises(MpiflError, match=r"^--algo fedproto averages class prototypes, .*; styledigits is a "
+                                         r"segmentation dataset \(a class per pixel\): pick a method"):
+        algo.bind_task(SEGMENTATION)
+    algo.bind_task(CLASSIFICATION)
+    fedbn, _ = make_algo("fedbn")
+    fedbn.bind_task(SEGMENTATION)
+    assert fedbn.task is SEGMENTATION

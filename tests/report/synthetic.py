@@ -9,9 +9,10 @@ from mpifl.plan.config import RunConfig
 
 
 def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), holdout: str | None = None,
-              bytes_down=1000, seconds=0.5, **config) -> Path:
+              bytes_down=1000, seconds=0.5, metric="acc", **config) -> Path:
     """A run whose test accuracy of every kind is ``acc[domain][r - 1]`` in round r (fractions) and whose mean
-    validation accuracy is ``val[r - 1]`` (for the evaluated and the post-training local models); ``config`` goes to :class:`RunConfig` (``out`` is ``path``)."""
+    validation accuracy is ``val[r - 1]`` (for the evaluated and the post-training local models); ``config`` goes to
+    :class:`RunConfig` (``out`` is ``path``); ``metric="dice"``: a segmentation run's records, the same numbers."""
     path.mkdir(parents=True, exist_ok=True)
     flat = RunConfig(out=str(path), holdout=holdout, **config).to_flat()
     (path / "config.json").write_text(json.dumps(flat, indent=2))
@@ -19,12 +20,12 @@ def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), hol
     sources = [d for d in domains if d != holdout]
     lines = []
     for r in range(1, len(val) + 1):
-        scores = {d: {"acc": acc[d][r - 1], "loss": 1.0 / r, "n": 100} for d in domains}
+        scores = {d: {metric: acc[d][r - 1], "loss": 1.0 / r, "n": 100} for d in domains}
         mean = sum(acc[d][r - 1] for d in sources) / len(sources)
-        evaluation = {kind: {"test": {"mean": {"acc": mean, "loss": 1.0 / r}, "domains": scores, "clients": {}},
-                             "val": {"mean": {"acc": val[r - 1], "loss": 1.0}, "domains": scores, "clients": {}}}
+        evaluation = {kind: {"test": {"mean": {metric: mean, "loss": 1.0 / r}, "domains": scores, "clients": {}},
+                             "val": {"mean": {metric: val[r - 1], "loss": 1.0}, "domains": scores, "clients": {}}}
                       for kind in kinds}
-        lines.append({"round": r, "clients": [0, 1], "train": {"loss": 2.0 / r, "acc": 0.1 * r, "local_val_acc": val[r - 1]},
+        lines.append({"round": r, "clients": [0, 1], "train": {"loss": 2.0 / r, metric: 0.1 * r, "local_val_acc": val[r - 1]},
                       "bytes": {"down": bytes_down * r, "up": 500, "wire_down": 2000, "wire_up": 600},
                       "seconds": {"round": seconds * r, "compute": 0.1, "evaluation": 0.01, "communication": 0.01,
                                   "waiting": 0.0, "aggregation": 0.001},

@@ -166,3 +166,12 @@ def test_an_incomplete_run_is_marked_and_left_out_of_the_means_unless_asked(tmp_
     alone = CliRunner().invoke(main, [str(tmp_path / "runs" / "s1"), "--no-plots"])
     assert alone.exit_code == 2 and "no complete run among the 1 given" in alone.output
     assert "--include-incomplete" in alone.output and alone.output.count("\n") == 1
+
+
+def test_a_segmentation_run_reports_its_dice_in_a_section_marked_dice(tmp_path):
+    write_run(tmp_path / "seg", {"BIDMC": [0.5, 0.8], "HK": [0.6, 0.9]}, [0.4, 0.7], metric="dice", algo="fedavg",
+              data="prostate", model="unet", rounds=2)
+    (table,) = build_tables(find_runs([tmp_path]))
+    assert table.row("BIDMC").last == pytest.approx([80.0]) and table.row("mean").best == pytest.approx([85.0])
+    text = markdown([table])
+    assert "model (Dice)" in text and "| BIDMC | 80.00 | 80.00 |" in text

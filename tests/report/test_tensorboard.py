@@ -49,3 +49,10 @@ def test_report_stops_before_writing_anything_without_the_package(run, tmp_path,
     with pytest.raises(MpiflError, match="--tensorboard needs the tensorboard package"):
         build_report([run.path], tmp_path / "out", tensorboard=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_segmentation_runs_scalars_are_its_dice(tmp_path):
+    write_run(tmp_path / "seg", {"flat": [0.2, 0.5]}, [0.1, 0.2], metric="dice", algo="fedavg", rounds=2)
+    tags = {(tag, step): value for tag, value, step in tensorboard.scalars(find_runs([tmp_path / "seg"])[0])}
+    assert tags[("global/test_dice/flat", 2)] == pytest.approx(50.0) and tags[("train/dice", 1)] == pytest.approx(10.0)
+    assert not any(tag.endswith("_acc/flat") for tag, _ in tags)

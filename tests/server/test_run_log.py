@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mpifl.errors import MpiflError
-from mpifl.server.run_log import MetricsLog, fold_summary, local_val_acc, selection_of, summarize_eval, summary_rows
+from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, selection_of, summarize_eval,
+                                  summary_rows)
 from mpifl.transport.messages import CLIENT_META
 
 
@@ -112,3 +113,13 @@ def test_a_run_directory_removed_and_made_again_under_the_run_stops_it_before_it
     with pytest.raises(MpiflError, match="removed or replaced"):
         log.write_summary()
     assert (run / "metrics.jsonl").read_text() == '{"round": 7}\n' and not (run / "summary.md").exists()
+
+
+def test_a_segmentation_run_reports_dice_under_its_own_key():
+    out = summarize_eval(_raw({0: 2, 1: 4}), ("global",), {0: "a", 1: "b"}, ["a", "b"], ["a", "b"], metric="dice")
+    test = out["global"]["test"]
+    assert test["domains"]["a"] == {"dice": 0.2, "loss": 0.8, "n": 10} and test["mean"]["dice"] == pytest.approx(0.3)
+    records = [{"round": 1, "train": {"loss": 1.0, "dice": 0.5}, "eval": out}]
+    rows = summary_rows(records, ("global",), ["a", "b"], metric="dice")
+    assert rows[2]["domain"] == "mean" and rows[2]["last_test_dice"] == pytest.approx(0.3)
+    assert "last_test_acc" not in rows[0] and metric_of(records) == "dice" and metric_of([{"train": {}}]) == "acc"

@@ -1,0 +1,68 @@
+"""What a run learns, from its dataset's manifest (``task``): the loss clients train with and the score they
+report.
+
+* **classification**: a class per image; loss cross-entropy; score accuracy (``acc``), the fraction of images
+  whose arg-max logit is their class.
+* **segmentation**: a class per pixel (labels are masks, :mod:`mpifl.data.shard`); loss the Dice loss
+  (``--seg-loss dice``, FedRDN's paper) or ``(CE + Dice) / 2`` (``dice-ce``, the HarmoFL and FedFA prostate
+  code), score ``dice``, the mean over images of each image's Dice coefficient
+  (:mod:`mpifl.client.segmentation`).
+
+A score travels as a sum over images with the image count (``correct`` and ``seen`` of a client's report,
+:mod:`mpifl.transport.messages`), so splits and domains pool it as they pool correct classifications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..client.segmentation import dice_ce_loss, dice_loss, dice_scores
+
+
+def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return (logits.argmax(1) == labels).sum()
+
+
+def _dice_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return dice_scores(logits, labels).sum()
+
+
+def _summed_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels, reduction="sum")
+
+
+
+
+@dataclass(frozen=True)
+class Task:
+    """A learning task: its training loss (mean over a mini-batch), the loss evaluation sums over a batch (a
+    Dice loss, which is not a mean over images, counts as the batch's value times its images) and its score
+    summed over the batch's images."""
+
+    name: str
+    metric: str  # the score's key in metrics.jsonl and the summaries
+    metric_name: str  # the score's name in tables
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    score_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _batch_times_images(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    return lambda logits, labels: loss(logits, labels) * len(labels)
+
+
+CLASSIFICATION = Task("classification", "acc", "accuracy", F.cross_entropy, _summed_ce, _correct)
+SEGMENTATION = Task("segmentation", "dice", "Dice", dice_loss, _batch_times_images(dice_loss), _dice_sum)
+SEGMENTATION_DICE_CE = Task("segmentation", "dice", "Dice", dice_ce_loss, _batch_times_images(dice_ce_loss),
+                            _dice_sum)
+
+
+def task_of(dataset_task: str, seg_loss: str = "dice") -> Task:
+    """The run's task: its dataset's (``classification`` or ``segmentation``), with ``--seg-loss``."""
+    if dataset_task == "classification":
+        return CLASSIFICATION
+    return SEGMENTATION if seg_loss == "dice" else SEGMENTATION_DICE_CE
