@@ -37,8 +37,9 @@ UCL 105/35/35; FedRDN's public code has no segmentation):
   between val and test are left out, as the reference does.  FedFA's minimum of 32 train slices is
   not kept (on a small site it makes train overlap test; every real site has over 150 slices).
 
-Where mpifl chooses: **one channel** (the slice itself; the reference feeds the slice with its two
-neighbours as 3 channels, which :data:`STACK_NEIGHBOURS` switches on); **size**: 384 px by default, the
+**Channels**: each slice with its two neighbours as 3 channels (the slice in the middle), the reference's
+input; :data:`STACK_NEIGHBOURS` ``False`` writes the slice alone.  Where mpifl chooses: **size**: 384 px
+by default, the
 release's in-plane size (the reference does not resize); a slice of another size is resized once,
 the image with Pillow's bilinear filter (antialiased) after the uint8 scaling, the mask with nearest
 neighbour (it stays binary).  Volumes are read with nibabel (its scaling applied), one at a time.
@@ -70,7 +71,7 @@ CLASSES = ["background", "prostate"]
 DEFAULT_SIZE = 384
 FRACTIONS = (0.6, 0.2, 0.2)
 #: True: each slice with its two neighbours as 3 channels, the reference's input; False: the slice alone.
-STACK_NEIGHBOURS = False
+STACK_NEIGHBOURS = True
 SITE_FOLDERS = Aliases({"BIDMC": (), "HK": (), "I2CVB": (), "BMC": ("ISBI_1.5",), "RUNMC": ("ISBI",), "UCL": ()})
 MASK_SUFFIXES = ("_segmentation", "_seg")
 EXTENSIONS = (".nii.gz", ".nii")

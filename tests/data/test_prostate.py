@@ -89,11 +89,11 @@ def converted(tmp_path_factory):
     return written, out, manifest, lines
 
 
-def test_manifest_is_a_one_channel_segmentation_dataset_of_the_six_sites(converted):
+def test_manifest_is_a_three_channel_segmentation_dataset_of_the_six_sites(converted):
     _, out, manifest, _ = converted
     assert manifest.task == "segmentation" and manifest.classes == ["background", "prostate"]
-    assert manifest.domains == sorted(SITES) and manifest.channels == 1 and manifest.image_size == (8, 8)
-    assert len(manifest.normalize["mean"]) == 1 and manifest.protocol["default_size"] == 384
+    assert manifest.domains == sorted(SITES) and manifest.channels == 3 and manifest.image_size == (8, 8)
+    assert len(manifest.normalize["mean"]) == 3 and manifest.protocol["default_size"] == 384
     assert verify(out, "prostate") == []
 
 
@@ -105,7 +105,7 @@ def test_kept_slices_are_the_windowed_slices_with_prostate_and_masks_are_binary(
         for images, masks in read_back(out, site).values():
             assert set(np.unique(masks)) <= {0, 1} and all(m.any() for m in masks)
             for image, mask in zip(images, masks):
-                assert np.array_equal(mask, expected[image[..., 0].tobytes()])
+                assert np.array_equal(mask, expected[image[..., 1].tobytes()])  # the slice is the middle channel
                 seen.append(image.tobytes())
         assert len(seen) == len(set(seen)) == sum(fedfa_sizes(len(expected)))
 
@@ -152,7 +152,7 @@ def test_layout_variants_and_resizing(tmp_path):
     for site in SITES:
         expected = expected_slices(*written[site], size=5)
         got = read_back(tmp_path / "out", site)
-        images = np.concatenate([got[s][0] for s in SPLITS])[..., 0]
+        images = np.concatenate([got[s][0] for s in SPLITS])[..., 1]
         masks = np.concatenate([got[s][1] for s in SPLITS])
         pairs = {i.tobytes(): m for i, m in expected}
         assert len(images) == 1 and all(np.array_equal(pairs[i.tobytes()], m) for i, m in zip(images, masks))
@@ -165,14 +165,17 @@ def test_default_size_is_the_releases_384(tmp_path):
     assert manifest.image_size == (384, 384) and manifest.splits["UCL"] == {"train": 1, "val": 0, "test": 0}
 
 
-def test_stacked_neighbours_are_three_channels(tmp_path, monkeypatch):
+def test_the_three_channels_are_the_slice_and_its_neighbours_or_the_slice_alone(tmp_path, monkeypatch):
     volume, mask = write_case(tmp_path, "Case00", np.random.default_rng(2))
-    monkeypatch.setattr(prostate, "STACK_NEIGHBOURS", True)
-    images, masks = case_slices(Case("Case00", tmp_path / "Case00.nii.gz", tmp_path / "Case00_segmentation.nii.gz"), 8)
+    case = Case("Case00", tmp_path / "Case00.nii.gz", tmp_path / "Case00_segmentation.nii.gz")
+    images, masks = case_slices(case, 8)
     pixels = windowed(volume)
     assert images.shape == (3, 8, 8, 3) and masks.shape == (3, 8, 8)
     for image, k in zip(images, KEPT):
         assert all(np.array_equal(image[..., c], pixels[:, :, k - 1 + c].T) for c in range(3))
+    monkeypatch.setattr(prostate, "STACK_NEIGHBOURS", False)
+    alone, _ = case_slices(case, 8)
+    assert alone.shape == (3, 8, 8, 1) and np.array_equal(alone[..., 0], images[..., 1])
 
 
 # ------------------------------------------------------------------ bad sources
