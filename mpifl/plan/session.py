@@ -120,6 +120,9 @@ def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
     """Labels of every domain and split when ``--dirichlet`` needs them (rank 0 reads, then broadcasts)."""
     if not cfg.dirichlet:
         return None
+    if manifest.task != "classification":
+        raise MpiflError(f"--dirichlet splits each domain by its images' classes; {manifest.name} is a {manifest.task} "
+                         "dataset (masks, not a class per image): drop --dirichlet")
     out = {}
     for domain in manifest.domains:
         with open_shard(cfg.data_root, manifest, domain) as shard:

@@ -47,3 +47,9 @@ def test_elcfs_trains_a_segmentation_task_with_its_boundary_oriented_loss(shapes
     assert plain.returncode == 0 and boundary.returncode == 0, boundary.stderr
     off, on = read_metrics(tmp_path / "off")[0]["train"], read_metrics(tmp_path / "on")[0]["train"]
     assert on["loss"] > off["loss"] and 0 < on["dice"] < 1  # the same first batch, plus 0.1 L_boundary > 0
+
+
+def test_a_label_skew_split_is_refused_on_masks(shapes_root, tmp_path):
+    job = run_here(*_args(shapes_root, tmp_path / "d", "--dirichlet", "0.5", "--clients-per-domain", "2"))
+    assert job.returncode == 2 and len(job.stderr.splitlines()) == 1 and not (tmp_path / "d").exists()
+    assert "--dirichlet splits each domain by its images' classes; styleshapes is a segmentation" in job.stderr
