@@ -53,7 +53,6 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MpiflError

@@ -9,7 +9,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
