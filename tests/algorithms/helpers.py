@@ -64,9 +64,9 @@ def local_round(algo, model, client, download, steps, loss_fn=None, batch=None):
     return {k: v.detach().numpy().copy() for k, v in upload.items()}
 
 
-def run_two_rounds(data_root, run, algo):
+def run_two_rounds(data_root, run, algo, *extra):
     """A real run of two rounds in this process (the in-process transport), 10 clients at fraction 0.5 (partial participation), into ``run``."""
     job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,
                  "--rounds", "2", "--fraction", "0.5", "--clients-per-domain", "2", "--threads", "1",
-                 "--lr", "0.05", "--momentum", "0.9")
+                 "--lr", "0.05", "--momentum", "0.9", *extra)
     assert job.returncode == 0, job.stderr

@@ -50,7 +50,7 @@ def test_bad_fine_tuning_options_are_refused():
 
 
 def test_in_a_real_run_fine_tuned_models_differ_from_the_global_one_and_the_head_stays_put(data_root, tmp_path):
-    run_two_rounds(data_root, tmp_path / "r", "fedbabu")
+    run_two_rounds(data_root, tmp_path / "r", "fedbabu", "--fedbabu-finetune-epochs", "1")
     record = read_metrics(tmp_path / "r")[-1]
     assert record["bytes"]["down"] == record["bytes"]["up"] > 0
     glob, personal = (record["eval"][kind]["test"]["clients"] for kind in ("global", "personal"))

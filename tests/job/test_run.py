@@ -45,22 +45,24 @@ def _numbers(records):
         k: v for k, v in r["bytes"].items() if not k.startswith("wire")}} for r in records]
 
 
-@pytest.mark.parametrize("aug", ["none", "fedrdn"])
-def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, aug):
+@pytest.mark.parametrize("aug,ranks", [("none", (2, 3, 5)), ("fedrdn", (3,))])
+def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, aug, ranks):
+    """FedRDN's statistics exchange is checked on one placement only: 5 ranks on 2 cores take 20 s."""
     extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--threads", "1",
              "--aug", aug)
     job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
     assert job.returncode == 0, job.stderr
     in_process = read_metrics(tmp_path / "in-process")
     results = {}
-    for n in (2, 3, 5):
+    for n in ranks:
         job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra))
         assert job.returncode == 0, job.stderr
         results[n] = _numbers(read_metrics(tmp_path / f"n{n}"))
-    assert results[2] == results[3] == results[5] == _numbers(in_process)
-    assert len(results[2][0]["clients"]) == 5  # 10 clients, fraction 0.5
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in in_process] == \
-        [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "n2")]  # wire bytes too
+    assert all(numbers == _numbers(in_process) for numbers in results.values())
+    assert len(results[ranks[0]][0]["clients"]) == 5  # 10 clients, fraction 0.5
+    if 2 in ranks:  # one client host, as in one process: the wire bytes too
+        assert [{k: v for k, v in r.items() if k != "seconds"} for r in in_process] == \
+            [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "n2")]
 
 
 def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_path):
@@ -134,9 +136,10 @@ def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
 
 
 def _own_options(algo: str, style_model) -> tuple[str, ...]:
-    """What a method needs here: a staged one stays in its first stage; CCST gets random AdaIN weights and,
+    """What a method needs here: a staged one stays in its first stage; FedBABU fine-tunes 1 epoch, not 5, before
+    each of its 10 personal evaluations; CCST gets random AdaIN weights and,
     since a VGG pass per image is slow on a CPU, 32 images per client in one version each."""
-    return {"fixbn": ("--fixbn-stage-rounds", "2"),
+    return {"fixbn": ("--fixbn-stage-rounds", "2"), "fedbabu": ("--fedbabu-finetune-epochs", "1"),
             "ccst": ("--style-model", str(style_model), "--ccst-k", "1", "--samples-per-client", "32")}.get(algo, ())
 
 
