@@ -6,10 +6,10 @@ a signal stops a run) holds, after round R's aggregation:
 * ``server.pt``: the server state, i.e. the model entries the method shares
   (for FedAvg the whole model, BN running statistics averaged; for FedBN
   every entry but the BN layers) and the method's extra tensors;
-* ``rank-K.pt``: every client's private state, i.e. the entries its method
+* ``rank-K.zip``: every trained client's private state, i.e. the entries its method
   keeps local (FedBN: all BN entries; SiloBN: BN running statistics;
   FedStein: BN affine; gPerXAN: PerXAN BN sides; SingleSet: everything;
-  FedAvg: only BN step counters).
+  FedAvg: only BN step counters); a client that never trained has the initial state.
 
 So two kinds of client model can be had (``--models``):
 
@@ -46,10 +46,11 @@ from torch import nn
 
 from mpifl.algorithms import ClientState, all_options, get_algorithm
 from mpifl.job.checkpoint import load as load_meta
-from mpifl.job.checkpoint import load_clients, load_server, verify
+from mpifl.job.checkpoint import load_adopted, load_clients, load_server, verify
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
+from mpifl.client.private_store import PrivateStore
 from mpifl.plan.session import Session, make_session, read_labels
 
 MODEL_SOURCES = ("local", "checkpoint")
@@ -202,7 +203,10 @@ def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device:
     meta = load_meta(run_dir, cfg, len(session.clients))
     verify(run_dir, meta)
     server = load_server(run_dir, meta)
-    private = load_clients(run_dir, meta, [c.id for c in session.clients])
+    store = PrivateStore(session.algo, {c.id: c for c in session.clients}, session.initial, torch.device("cpu"),
+                         budget_gib=float("inf"), rank=0)
+    store.restore(load_clients(run_dir, meta, [c.id for c in session.clients]), load_adopted(run_dir, meta))
+    private = {c.id: store.peek(c.id).private for c in session.clients}  # the initial state if never trained
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

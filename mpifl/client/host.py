@@ -3,7 +3,8 @@
 Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
 (scalars only), train the hosted clients of the round one after the other in id order, and send their
 uploads in one gather.  Between clients only tensors are swapped in and out of one model instance: the
-download, then the client's private state.  What a message asks of this rank is the round protocol's
+download, then the client's private state (:class:`~mpifl.client.private_store.PrivateStore`: created when the
+client first trains, on disk beyond ``--private-memory``).  What a message asks of this rank is the round protocol's
 (:mod:`mpifl.plan.protocol`).
 """
 
@@ -15,8 +16,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms import ClientState
-from ..errors import MpiflError
-from ..job.checkpoint import Checkpoint, FileRecord, load_clients, save_clients
+from ..job.checkpoint import Checkpoint, FileRecord, load_adopted, load_clients, save_clients
 from ..job.faults import maybe_inject
 from ..job.signals import StopRequest
 from ..plan.protocol import RoundProtocol
@@ -29,6 +29,7 @@ from ..transport.gpu_mpi import device_buffers
 from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, rank_report, record
 from .client_data import load_client_data
 from .precision import Precision
+from .private_store import PrivateStore
 from .training import client_round, evaluate, load_state, train_local
 from .transforms import TrainTransforms, parse
 
@@ -37,7 +38,7 @@ NOTHING_SAVED = FileRecord(0, "00" * 32)  # the report of a message that saves n
 
 class ClientHost:
     """A client rank's part of a run: its hosted clients' data (on its device), their private state (the
-    algorithm's :class:`ClientState`, here for the whole run and in this rank's checkpoint files) and one
+    algorithm's :class:`ClientState`, in this rank's :class:`PrivateStore` and checkpoint files) and one
     model instance they take turns in.  ``run()`` answers every message of the run; ``stopped`` then says
     whether a STOP message ended it early.
     """
@@ -62,14 +63,10 @@ class ClientHost:
         if cfg.compile:  # the feature extractor, where the time goes; forward() and batch_loss call it
             self.model.encode = torch.compile(self.model.encode)
         self.slots = self.model.state_dict()  # tensors aliasing the model's parameters and buffers
-        self.clients: dict[int, ClientState] = {}
-        saved = load_clients(run_dir, resumed, self.hosted) if resumed else {}
-        for spec in specs:
-            client = self.algo.init_client(spec, session.initial)
-            if spec.id in saved:
-                client.private = _restored(client.private, saved[spec.id], spec.id)
-            client.private = {k: v.to(device) for k, v in client.private.items()}
-            self.clients[spec.id] = client
+        self.specs = {spec.id: spec for spec in specs}
+        self.clients = PrivateStore(self.algo, self.specs, session.initial, device, cfg.private_memory, comm.rank)
+        if resumed:
+            self.clients.restore(load_clients(run_dir, resumed, self.hosted), load_adopted(run_dir, resumed))
         self.stopped = False  # the server's STOP message ended the run early
         self.data_seconds = 0.0  # of this round's training, producing batches
         on_gpu = device.type == "cuda"
@@ -79,12 +76,19 @@ class ClientHost:
                                             for _ in range(2))
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.clients.close()
+
+    def _run(self) -> None:
         mine = self.session.trainers_by_rank[self.comm.rank - 1]
-        self.session.inputs.attach([c.spec for c in self.clients.values()], self.data, self.device)
+        self.session.inputs.attach(list(self.specs.values()), self.data, self.device)
+        setup = {c: ClientState(spec=self.specs[c], private={}) for c in mine}  # before any private state exists
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank,
-                     lambda exchange: [exchange.setup_contribution(self.clients[c], self.data[c]) for c in mine],
+                     lambda exchange: [exchange.setup_contribution(setup[c], self.data[c]) for c in mine],
                      self.device)
-        self.data.update(self.algo.training_data({c: self.clients[c] for c in mine}, {c: self.data[c] for c in mine}))
+        self.data.update(self.algo.training_data(setup, {c: self.data[c] for c in mine}))
         protocol = RoundProtocol(self.session, start=self.resumed.round if self.resumed else 0)
         for r in protocol.rounds():
             messages = protocol.open(r)
@@ -95,11 +99,11 @@ class ClientHost:
                 raise RuntimeError(f"rank {self.comm.rank} expected round {r}, the server sent {header.round}")
             saved = NOTHING_SAVED
             if header.saves:  # the state after round r-1, before this message changes anything
-                private = {c: s.private for c, s in self.clients.items()}
-                saved = save_clients(self.run_dir, r - 1, self.comm.rank, private)
+                saved = save_clients(self.run_dir, r - 1, self.comm.rank, self.clients.saved_states(),
+                                     self.clients.adopted_record())
             download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
-            self._adopt(download)
+            self.clients.adopt(download, r)
             work = protocol.plan(header, messages).of(self.comm.rank)
             send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
             report, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
@@ -108,12 +112,14 @@ class ClientHost:
             if work.evaluates:
                 self.algo.begin_eval(self.model, header.evaluate)
             for cid, segment in zip(work.evaluates, eval_segments):
-                messages.eval.pack({"client.eval": self._evaluate(self.clients[cid], download, header.evaluate)},
-                                   out=segment)
+                messages.eval.pack({"client.eval": self._evaluate(self.clients.peek(cid), download,
+                                                                  header.evaluate)}, out=segment)
+                self.clients.fit_budget()
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
             for cid, segment in zip(work.trains, client_segments):
-                messages.client.pack(self._train(self.clients[cid], download, r), out=segment)
+                messages.client.pack(self._train(self.clients.get(cid), download, r), out=segment)
+                self.clients.fit_budget()
             trained_at = time.perf_counter()
             seconds = record(RANK_SECONDS, train=trained_at - evaluated_at, evaluate=evaluated_at - start,
                              data=self.data_seconds)
@@ -135,11 +141,6 @@ class ClientHost:
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-
-    def _adopt(self, download: dict[str, torch.Tensor]) -> None:
-        """Entries sent down but not back become every hosted client's own (see Algorithm.sends_back)."""
-        for client in self.clients.values():
-            client.private.update({k: download[k].clone() for k in self.algo.adopted_keys})
 
     def _train(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> dict:
         load_state(self.slots, self.algo, download, client.private)
@@ -189,11 +190,3 @@ class ClientHost:
                                          dtype=torch.float64)
         return out
 
-
-def _restored(fresh: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], cid: int) -> dict[str, torch.Tensor]:
-    """A client's checkpointed private state, checked against what the method keeps for it."""
-    for key, tensor in fresh.items():
-        if key not in saved or saved[key].shape != tensor.shape:
-            raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(tensor.shape)}; "
-                             "the checkpoint is of another model or method version; start a new run")
-    return saved

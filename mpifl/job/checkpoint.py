@@ -4,12 +4,13 @@ Layout, inside the run directory::
 
     checkpoint/meta.json          which round is complete, and of what run
     checkpoint/round-R/server.pt  the server state after round R's aggregation
-    checkpoint/round-R/rank-K.pt  client rank K's hosted clients' private state, by client id
+    checkpoint/round-R/rank-K.zip client rank K's hosted clients' private state: one member per client
+                                  that has trained (``client-ID.pt``) and the adopted entries (``adopted.pt``)
 
 A checkpoint of round R is taken between R's aggregation and R+1's
 training: the server writes ``server.pt`` before it broadcasts round R+1's
 message, whose header asks every client rank to save first; the gather that
-answers the message proves every ``rank-K.pt`` is on disk, and only then is
+answers the message proves every ``rank-K.zip`` is on disk, and only then is
 ``meta.json`` replaced (temp file + rename) and older rounds deleted.  So the
 checkpoint that ``meta.json`` names is always complete, whatever fails when.  Every file is written to a
 temporary name, flushed to disk and renamed; its size and sha256, computed while writing, are recorded in
@@ -20,7 +21,9 @@ No generator state is saved because none exists across rounds: every
 random draw comes from generators seeded by (seed, round) or (seed, client,
 round) (``mpifl.plan.seeding``), so a resumed run repeats the uninterrupted run
 bit for bit.  Private state is saved per client id, so a run can resume on
-another number of ranks (the clients are placed again).  Round R's record,
+another number of ranks (the clients are placed again); a client that has never trained has none (its state is
+the initial one, :mod:`mpifl.client.private_store`), and the states are written and read one client at a time, so
+a checkpoint needs memory for one client's state beyond ``--private-memory``.  Round R's record,
 which waits for the evaluation riding on round R+1's message, is saved in
 ``meta.json`` and completed by the resumed run.
 """
@@ -29,10 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import io
 import os
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -41,7 +47,7 @@ from ..data.manifest import sha256_file
 from ..plan.config import RunConfig
 from ..errors import MpiflError
 
-FORMAT = 2  # 2: meta.json records every file's size and sha256
+FORMAT = 3  # 2: meta.json records every file's size and sha256; 3: a rank's file holds one member per client
 DIRNAME = "checkpoint"
 IDENTITY = ("algo", "data", "model", "seed", "clients_per_domain", "num_clients", "dirichlet", "samples_per_client",
             "percent", "holdout", "schedule_rounds")  # what makes a checkpoint belong to a run
@@ -79,7 +85,14 @@ def round_dir(run_dir: Path, round_index: int) -> Path:
 
 
 def rank_file(rank: int) -> str:
-    return f"rank-{rank}.pt"
+    return f"rank-{rank}.zip"
+
+
+def _member(cid: int) -> str:
+    return f"client-{cid}.pt"
+
+
+ADOPTED = "adopted.pt"
 
 
 class _Hashing:
@@ -97,28 +110,42 @@ class _Hashing:
         self.file.flush()
 
 
-def _atomic_save(obj, path: Path) -> FileRecord:
-    """``torch.save`` to a temporary name, flushed to disk, then renamed onto ``path``."""
+def _atomic_write(path: Path, write: Callable[[_Hashing], None]) -> FileRecord:
+    """``write(file)`` to a temporary name, flushed to disk, then renamed onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         hashing = _Hashing(f)
-        torch.save(obj, hashing)
+        write(hashing)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return FileRecord(hashing.nbytes, hashing.digest.hexdigest())
 
 
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def save_server(run_dir: Path, round_index: int, state: ServerState) -> FileRecord:
-    return _atomic_save({"model": state.model, "extra": state.extra}, round_dir(run_dir, round_index) / SERVER_FILE)
+    return _atomic_write(round_dir(run_dir, round_index) / SERVER_FILE,
+                         lambda f: torch.save({"model": state.model, "extra": state.extra}, f))
 
 
-def save_clients(run_dir: Path, round_index: int, rank: int,
-                 private: dict[int, dict[str, torch.Tensor]]) -> FileRecord:
-    """One client rank's hosted clients' private tensors (moved to CPU), keyed by client id."""
-    cpu = {cid: {k: v.detach().cpu() for k, v in tensors.items()} for cid, tensors in private.items()}
-    return _atomic_save(cpu, round_dir(run_dir, round_index) / rank_file(rank))
+def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tuple[int, dict[str, torch.Tensor]]],
+                 adopted: dict) -> FileRecord:
+    """One client rank's file: an uncompressed zip of one ``torch.save`` per (client id, private tensors) of
+    ``states``, written as they come (one state in memory at a time), and the adopted entries
+    (:meth:`PrivateStore.adopted_record`)."""
+    def write(f) -> None:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr(ADOPTED, _saved(adopted))
+            for cid, private in states:
+                archive.writestr(_member(cid), _saved({k: v.detach().cpu() for k, v in private.items()}))
+
+    return _atomic_write(round_dir(run_dir, round_index) / rank_file(rank), write)
 
 
 def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
@@ -204,12 +231,20 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
             raise refuse(name, "differs from what was written (sha256)")
 
 
-def _torch_load(path: Path):
+def _unreadable(path: Path, exc: Exception) -> MpiflError:
+    return MpiflError(f"cannot load checkpoint file {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                      "it cannot be resumed; start the run again with another --out")
+
+
+def _torch_load(path: Path, member: str | None = None):
+    """``path`` (or its zip ``member``) through ``torch.load(weights_only=True)``; one line if unreadable."""
     try:
-        return torch.load(path, weights_only=True)
-    except Exception as exc:  # whatever torch raises for a file it cannot read
-        raise MpiflError(f"cannot load checkpoint file {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                         "it cannot be resumed; start the run again with another --out") from None
+        if member is None:
+            return torch.load(path, weights_only=True)
+        with zipfile.ZipFile(path) as archive:
+            return torch.load(io.BytesIO(archive.read(member)), weights_only=True)
+    except Exception as exc:  # whatever torch or zipfile raises for a file it cannot read
+        raise _unreadable(path, exc) from None
 
 
 def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
@@ -217,15 +252,25 @@ def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
     return ServerState(model=raw["model"], extra=raw["extra"])
 
 
-def load_clients(run_dir: Path, checkpoint: Checkpoint, client_ids: list[int]) -> dict[int, dict[str, torch.Tensor]]:
-    """The private state of ``client_ids``, from whichever rank files hold them."""
-    wanted, out = set(client_ids), {}
+def load_clients(run_dir: Path, checkpoint: Checkpoint,
+                 client_ids: list[int]) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """(client id, private tensors) of those of ``client_ids`` that had trained, one at a time, from whichever
+    rank files hold them (the others have the initial state)."""
+    wanted = set(client_ids)
     for rank, ids in sorted(checkpoint.ranks.items()):
-        if wanted.intersection(ids):
-            saved = _torch_load(round_dir(run_dir, checkpoint.round) / rank_file(rank))
-            out.update({cid: saved[cid] for cid in wanted.intersection(ids)})
-    missing = sorted(wanted - set(out))
-    if missing:
-        raise MpiflError(f"checkpoint in {run_dir} lacks the state of clients {missing}; it is damaged, "
-                         "start a new run")
-    return out
+        path = round_dir(run_dir, checkpoint.round) / rank_file(rank)
+        mine = sorted(wanted.intersection(ids))
+        if mine:
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    held = set(archive.namelist())
+            except Exception as exc:
+                raise _unreadable(path, exc) from None
+            for cid in mine:
+                if _member(cid) in held:
+                    yield cid, _torch_load(path, _member(cid))
+
+
+def load_adopted(run_dir: Path, checkpoint: Checkpoint) -> dict:
+    """The adopted entries at the checkpoint (every rank's file holds the same)."""
+    return _torch_load(round_dir(run_dir, checkpoint.round) / rank_file(min(checkpoint.ranks)), ADOPTED)

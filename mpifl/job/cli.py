@@ -103,6 +103,9 @@ _HELP = {
     "eval_batch_size": "batch size for evaluation",
     "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
                     "block ahead, instead of keeping them in (device) memory",
+    "private_memory": "GiB of its clients' private state a client rank keeps in (device) memory; beyond it the "
+                      "least recently used clients' state goes to files under $TMPDIR until they train again "
+                      "(results are identical; 0 keeps only the client in use)",
     "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>)",
     "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
     "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
@@ -120,8 +123,8 @@ _HELP = {
 }
 
 # Options a resumed run may change: how it runs, not what it computes.
-RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "ckpt_every",
-             "round_timeout", "gpu_buffers")
+RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
+             "ckpt_every", "round_timeout", "gpu_buffers")
 
 
 def _core_options() -> list[click.Option]:

@@ -86,6 +86,7 @@ class RunConfig:
     select_by: str = "auto"  # best-round rule (SELECT_BY)
     eval_batch_size: int = 512
     stream_above: float = 2.0
+    private_memory: float = 8.0  # GiB of hosted clients' private state a client rank keeps in memory
     out: str | None = None
     device: str = "auto"
     threads: int = 0
@@ -183,6 +184,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.batch_size >= 1, "--batch-size must be >= 1"),
         (cfg.eval_batch_size >= 1, "--eval-batch-size must be >= 1"),
         (cfg.stream_above >= 0, "--stream-above must be >= 0 GiB"),
+        (cfg.private_memory >= 0, "--private-memory must be >= 0 GiB"),
         (cfg.lr > 0, "--lr must be > 0"),
         (cfg.momentum >= 0, "--momentum must be >= 0"),
         (cfg.weight_decay >= 0, "--weight-decay must be >= 0"),

@@ -33,7 +33,7 @@ def make_checkpoint(run_dir, data_root, algo="fedbn", shift=0.1, **options):
             if key.endswith("running_mean"):
                 value += cid * shift
     for h, ids in enumerate(session.placement):
-        files[f"rank-{h + 1}.pt"] = save_clients(run_dir, 1, h + 1, {c: clients[c].private for c in ids})
+        files[f"rank-{h + 1}.zip"] = save_clients(run_dir, 1, h + 1, [(c, clients[c].private) for c in ids], {})
     commit(run_dir, Checkpoint(round=1, clients=len(clients), ranks={h + 1: ids for h, ids in
                                                                      enumerate(session.placement)},
                                pending=None, identity=identity(cfg), files=files))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import zipfile
 
 import pytest
 import torch
 
 from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
-from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_clients, save_clients,
-                                  save_server, verify)
+from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
+                                  save_clients, save_server, verify)
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
@@ -126,9 +128,9 @@ def test_resume_refuses_a_real_change_naming_it_and_changes_nothing(checkpointed
 @pytest.mark.parametrize("damage,named", [
     (lambda rd: rd.joinpath("server.pt").write_bytes(rd.joinpath("server.pt").read_bytes()[:5000]),
      "server.pt has 5000 bytes, "),
-    (lambda rd: rd.joinpath("rank-1.pt").unlink(), "rank-1.pt is missing"),
-    (lambda rd: rd.joinpath("rank-1.pt").write_bytes(rd.joinpath("rank-1.pt").read_bytes()[::-1]),
-     "rank-1.pt differs from what was written (sha256)"),
+    (lambda rd: rd.joinpath("rank-1.zip").unlink(), "rank-1.zip is missing"),
+    (lambda rd: rd.joinpath("rank-1.zip").write_bytes(rd.joinpath("rank-1.zip").read_bytes()[::-1]),
+     "rank-1.zip differs from what was written (sha256)"),
     (lambda rd: rd.parent.joinpath("meta.json").write_text(rd.parent.joinpath("meta.json").read_text()[:40]),
      "meta.json is unreadable (JSONDecodeError"),
 ])
@@ -174,22 +176,27 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
 
 
 def test_files_round_trip_and_commit_keeps_only_the_named_round(tmp_path):
+    adopted = {"bn.running_mean": (3, torch.tensor([0.25, 0.5]))}
     for r in (2, 4):
+        states = iter([(0, {"p": torch.tensor([r, 0.5])}), (2, {"p": torch.tensor([r, 2.5])})])
         files = {"server.pt": save_server(tmp_path, r, ServerState(model={"w": torch.full((2,), float(r))},
                                                                    extra={"m": torch.ones(1)})),
-                 "rank-1.pt": save_clients(tmp_path, r, 1, {0: {"p": torch.tensor([r, 0.5])}}),
-                 "rank-2.pt": save_clients(tmp_path, r, 2, {3: {"p": torch.tensor([r, 1.5])}})}
-        commit(tmp_path, Checkpoint(round=r, clients=4, ranks={1: [0], 2: [3]}, pending={"round": r},
+                 "rank-1.zip": save_clients(tmp_path, r, 1, states, adopted),
+                 "rank-2.zip": save_clients(tmp_path, r, 2, [(3, {"p": torch.tensor([r, 1.5])})], adopted)}
+        commit(tmp_path, Checkpoint(round=r, clients=5, ranks={1: [0, 1, 2], 2: [3, 4]}, pending={"round": r},
                                     identity=identity(_cfg()), files=files))
     assert [p.name for p in (tmp_path / "checkpoint").glob("round-*")] == ["round-4"]
-    meta = load(tmp_path, _cfg(), 4)
+    meta = load(tmp_path, _cfg(), 5)
     verify(tmp_path, meta)  # sizes and sha256 computed while writing are those of the files
-    assert meta.files["rank-2.pt"] == FileRecord((tmp_path / "checkpoint/round-4/rank-2.pt").stat().st_size,
-                                                 sha256_file(tmp_path / "checkpoint/round-4/rank-2.pt"))
+    for name in ("rank-1.zip", "rank-2.zip"):
+        path = tmp_path / "checkpoint/round-4" / name
+        assert meta.files[name] == FileRecord(path.stat().st_size, sha256_file(path))
     assert meta.pending == {"round": 4}
-    assert torch.equal(load_clients(tmp_path, meta, [3, 0])[3]["p"], torch.tensor([4, 1.5]))
-    with pytest.raises(MpiflError, match=r"lacks the state of clients \[1\]"):
-        load_clients(tmp_path, meta, [1])
+    loaded = list(load_clients(tmp_path, meta, [4, 3, 2, 1, 0]))  # clients 1 and 4 never trained: nothing saved
+    assert [cid for cid, _ in loaded] == [0, 2, 3]
+    assert [state["p"].tolist() for _, state in loaded] == [[4, 0.5], [4, 2.5], [4, 1.5]]
+    (r, value), = load_adopted(tmp_path, meta).values()
+    assert r == 3 and torch.equal(value, torch.tensor([0.25, 0.5]))
 
 
 def _build(*args):
@@ -220,8 +227,10 @@ def test_kept_optimizer_state_is_checkpointed_resumes_bit_for_bit_and_never_cros
     run = tmp_path / "run"
     first = run_here(*_args(data_root, run, "--rounds", "2", "--ckpt-every", "2", *keep))
     assert first.returncode == 0, first.stderr
-    saved = torch.load(run / "checkpoint" / "round-2" / "rank-1.pt", weights_only=True)
-    assert any(k.startswith("optimizer/") and k.endswith("/momentum_buffer") for state in saved.values() for k in state)
+    with zipfile.ZipFile(run / "checkpoint" / "round-2" / "rank-1.zip") as archive:
+        saved = [torch.load(io.BytesIO(archive.read(name)), weights_only=True) for name in archive.namelist()
+                 if name.startswith("client-")]
+    assert any(k.startswith("optimizer/") and k.endswith("/momentum_buffer") for state in saved for k in state)
     resumed = run_here("--resume", str(run), "--rounds", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert numbers(run) == numbers(tmp_path / "full")
