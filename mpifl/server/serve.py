@@ -33,7 +33,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
     log_lines.append(f"rank 0 ({processes[0]}): server")
-    log_lines += [f"rank {h + 1} ({processes[h + 1]}): clients {ids}" for h, ids in enumerate(session.placement)]
+    log_lines += [f"rank {h + 1} ({processes[h + 1]}): {describe_clients(ids)}"
+                  for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())
     with (run_dir / "log.txt").open("a") as log_file:
@@ -72,3 +73,27 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
 def _err(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def describe_clients(ids: list[int]) -> str:
+    """A rank's client ids (ascending) for the log, exactly and in one short line at any scale: runs of three or
+    more with one step are written ``first..last`` (step 1) or ``first..last step k``.
+
+    ``[0, 1, 2, 3, 7]`` -> ``5 clients: 0..3, 7``; 500 even ids -> ``500 clients: 0..998 step 2``.
+    """
+    if not ids:
+        return "no clients (idle)"
+    parts, i = [], 0
+    while i < len(ids):
+        j = i + 1
+        if j < len(ids):
+            step = ids[j] - ids[i]
+            while j + 1 < len(ids) and ids[j + 1] - ids[j] == step:
+                j += 1
+        if j - i >= 2:  # three or more ids
+            parts.append(f"{ids[i]}..{ids[j]}" + (f" step {step}" if step != 1 else ""))
+            i = j + 1
+        else:
+            parts.append(str(ids[i]))
+            i += 1
+    return f"{len(ids)} clients: {', '.join(parts)}" if len(ids) > 1 else f"client {ids[0]}"
