@@ -118,7 +118,7 @@ def test_a_stop_signal_checkpoints_the_whole_job_says_so_once_and_exits_75(data_
     assert len(lines) == 1 and lines[0].startswith(f"mpifl: stopped by {said} after round"), stderr
     assert f"--resume {run}" in lines[0] and "Traceback" not in stderr and "Aborted" not in stderr
     done = json.loads((run / "checkpoint" / "meta.json").read_text())["round"]
-    assert 1 <= done < 50 and (run / "checkpoint" / f"round-{done}" / "rank-2.pt").exists()
+    assert 1 <= done < 50 and (run / "checkpoint" / f"round-{done}" / "rank-2.zip").exists()
 
 
 def test_in_one_process_a_first_ctrl_c_stops_with_a_checkpoint_and_a_second_ends_at_once(data_root, tmp_path):
