@@ -14,7 +14,7 @@ from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
 from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
                                   save_clients, save_server, verify)
-from mpifl.plan.config import RunConfig, resolve
+from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
 from mpifl.run import main
