@@ -6,8 +6,9 @@ A client's state (:class:`~mpifl.algorithms.ClientState`, what the method keeps:
 client trains.  Before that it is the initial state, which a personal evaluation builds and drops again, so a
 rank's memory grows with the clients that have trained, not with the clients it hosts.  When the states in
 memory exceed the budget, the least recently used ones go to one file each in a per-rank folder under
-``$TMPDIR`` (node-local disk on most clusters; removed when the run ends) and are read back when next used:
-``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not depend on the budget.
+``$TMPDIR`` (node-local disk on most clusters; removed when the rank's run ends, not when the rank is killed) and
+are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
+depend on the budget.
 
 **Adopted entries** (sent down but not back, :attr:`Algorithm.adopted_keys`) are, by definition, every hosted
 client's copy of the latest download's value.  Instead of writing them into every client each round, the store
