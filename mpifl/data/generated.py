@@ -299,24 +299,37 @@ def render_digits(labels, domain: str, rng: np.random.Generator) -> np.ndarray:
     """Images (uint8, n x 28 x 28 x 3) of the digits ``labels`` in ``domain``'s style."""
     if domain not in _RENDERERS:
         raise ValueError(f"unknown styledigits domain {domain!r}; choose from {', '.join(DOMAINS)}")
-    images = _RENDERERS[domain](np.asarray(labels), rng)  # (n, 3, H, W) floats in about [0, 1]
+    return to_uint8(_RENDERERS[domain](np.asarray(labels), rng))
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """Rendered images, (n, 3, H, W) floats in about [0, 1], as stored: (n, H, W, 3) uint8, rounded and clipped."""
     return np.clip(np.rint(images * 255), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1).copy()
 
 
-def write_shards(directory: Path) -> None:
-    """Render every domain and split into ``directory/<domain>.h5``.
+def write_rendered(directory: Path, render, *, seed: int, domains, split_sizes: dict[str, int], **shard) -> None:
+    """Render every domain and split into ``directory/<domain>.h5``: ``render(domain, n, rng)`` gives a split's
+    (images, labels); ``shard`` is the rest of :class:`ShardWriter`'s attributes.
 
-    Each (domain, split) has its own generator seeded from
-    ``(GENERATOR_SEED, domain index, split index)``, so the data do not depend
-    on the order of generation.
+    Each (domain, split) has its own generator seeded from ``(seed, domain index, split index)``, so the data
+    do not depend on the order of generation.
     """
-    for d, domain in enumerate(DOMAINS):
-        with ShardWriter(directory / f"{domain}.h5", dataset=NAME, domain=domain, classes=CLASSES,
-                         image_size=(SIZE, SIZE), channels=3, source=SOURCE) as writer:
-            for s, (split, n) in enumerate(SPLIT_SIZES.items()):
-                rng = np.random.default_rng([GENERATOR_SEED, d, s])
-                labels = rng.permutation(np.repeat(np.arange(len(CLASSES)), n // len(CLASSES)))
-                writer.add(split, render_digits(labels, domain, rng), labels)
+    for d, domain in enumerate(domains):
+        with ShardWriter(directory / f"{domain}.h5", domain=domain, **shard) as writer:
+            for s, (split, n) in enumerate(split_sizes.items()):
+                writer.add(split, *render(domain, n, np.random.default_rng([seed, d, s])))
+
+
+def _balanced_digits(domain: str, n: int, rng: np.random.Generator):
+    """A split of ``n`` images, every class equally often, in a seeded order."""
+    labels = rng.permutation(np.repeat(np.arange(len(CLASSES)), n // len(CLASSES)))
+    return render_digits(labels, domain, rng), labels
+
+
+def write_shards(directory: Path) -> None:
+    """Every domain and split of styledigits into ``directory/<domain>.h5`` (:func:`write_rendered`)."""
+    write_rendered(directory, _balanced_digits, seed=GENERATOR_SEED, domains=DOMAINS, split_sizes=SPLIT_SIZES,
+                   dataset=NAME, classes=CLASSES, image_size=(SIZE, SIZE), channels=3, source=SOURCE)
 
 
 def generate_styledigits(root) -> DatasetManifest:

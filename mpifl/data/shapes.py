@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifl.data.generated import _blur_matrix, _color, _contrasting, _resize_matrix, _separable, build_generated
+from mpifl.data.generated import (_blur_matrix, _color, _contrasting, _resize_matrix, _separable, build_generated,
+                                  to_uint8, write_rendered)
 from mpifl.data.manifest import DatasetManifest
-from mpifl.data.shard import ShardWriter
 
 NAME = "styleshapes"
 GENERATOR_SEED = 20_240_915
@@ -235,23 +235,15 @@ def render_shapes(n: int, domain: str, rng: np.random.Generator):
     if domain not in _RENDERERS:
         raise ValueError(f"unknown styleshapes domain {domain!r}; choose from {', '.join(DOMAINS)}")
     shape, drawn = _scene(rng, n)
-    images = _RENDERERS[domain](drawn, rng)  # (n, 3, H, W) floats in about [0, 1]
-    images = np.clip(np.rint(images * 255), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1).copy()
-    return images, (shape < 0).astype(np.uint8)
+    return to_uint8(_RENDERERS[domain](drawn, rng)), (shape < 0).astype(np.uint8)
 
 
 def write_shards(directory: Path) -> None:
-    """Render every domain and split into ``directory/<domain>.h5``.
-
-    Each (domain, split) has its own generator seeded from
-    ``(GENERATOR_SEED, domain index, split index)``, so the data do not depend
-    on the order of generation.
-    """
-    for d, domain in enumerate(DOMAINS):
-        with ShardWriter(directory / f"{domain}.h5", dataset=NAME, domain=domain, classes=CLASSES,
-                         image_size=(SIZE, SIZE), channels=3, source=SOURCE, task="segmentation") as writer:
-            for s, (split, n) in enumerate(SPLIT_SIZES.items()):
-                writer.add(split, *render_shapes(n, domain, np.random.default_rng([GENERATOR_SEED, d, s])))
+    """Every domain and split of styleshapes into ``directory/<domain>.h5``
+    (:func:`~mpifl.data.generated.write_rendered`)."""
+    write_rendered(directory, lambda domain, n, rng: render_shapes(n, domain, rng), seed=GENERATOR_SEED,
+                   domains=DOMAINS, split_sizes=SPLIT_SIZES, dataset=NAME, classes=CLASSES, image_size=(SIZE, SIZE),
+                   channels=3, source=SOURCE, task="segmentation")
 
 
 def generate_styleshapes(root) -> DatasetManifest:
