@@ -119,11 +119,13 @@ class PrivateStore:
         place them: in memory up to the budget, the rest on disk."""
         self.adopted = {key: (int(r), value.to(self.device)) for key, (r, value) in adopted.items()}
         latest = max((r for r, _ in self.adopted.values()), default=-1)
+        expected = None  # the entries of a fresh state (the same for every client), built once
         for cid, private in states:
-            fresh = self._initial(cid)
-            for key, tensor in fresh.items():
-                if key not in private or private[key].shape != tensor.shape:
-                    raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(tensor.shape)}; the "
+            if expected is None:
+                expected = {k: v.shape for k, v in self.algo.init_client(self.specs[cid], self.initial).private.items()}
+            for key, shape in expected.items():
+                if key not in private or private[key].shape != shape:
+                    raise MpiflError(f"checkpointed state of client {cid} lacks {key} {tuple(shape)}; the "
                                      "checkpoint is of another model or method version; start a new run")
             self.resident[cid] = ClientState(spec=self.specs[cid], private={k: v.to(self.device)
                                                                             for k, v in private.items()})
