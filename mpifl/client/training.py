@@ -118,7 +118,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     global head (``--guide-lambda``) is held from ``begin_local`` to the end of the round's training."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
 
-    def score(split: str) -> tuple[float, int, int]:
+    def score(split: str) -> tuple[float, float, int]:
         return evaluate(model, data, split, cfg.eval_batch_size, precision, algo.task)
 
     algo.score_local(client, model, "downloaded", score)

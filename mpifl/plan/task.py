@@ -35,8 +35,6 @@ def _summed_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, reduction="sum")
 
 
-
-
 @dataclass(frozen=True)
 class Task:
     """A learning task: its training loss (mean over a mini-batch), the loss evaluation sums over a batch (a
