@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from .client.client_data import load_client_data
 from .data import default_data_root, ensure_dataset
-from .algorithms.base import weighted_sum
+from .algorithms.reduction import weighted_sum
 from .plan.config import RunConfig
 from .models import build_model
 from .plan.placement import place_clients

@@ -8,7 +8,8 @@ import importlib
 import pkgutil
 
 from ..errors import MpiflError
-from .base import REGISTRY, Algorithm, ClientState, ServerState, SharePolicy, Uploads, weighted_mean
+from .base import REGISTRY, Algorithm, ClientState, ServerState, SharePolicy, Uploads
+from .reduction import Folding, Reduction, weighted_mean
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -34,5 +35,5 @@ def all_options() -> dict:
     return merged
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientState", "ServerState", "SharePolicy", "Uploads",
+__all__ = ["ALGORITHMS", "Algorithm", "ClientState", "Folding", "Reduction", "ServerState", "SharePolicy", "Uploads",
            "all_options", "get_algorithm", "weighted_mean"]

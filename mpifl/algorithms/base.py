@@ -31,8 +31,11 @@ from FedAvg.  The runtime owns the loop; the method supplies:
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images), then
   :meth:`training_data`, a training set rebuilt from what was received (CCST's stylized images);
-* **the server rule**: :meth:`init_server`, :meth:`download`, :meth:`aggregate`
-  (per entry: :meth:`combine`);
+* **the server rule**, as a reduction (:mod:`mpifl.algorithms.reduction`): :meth:`init_server`,
+  :meth:`download`, then per round :meth:`prepare` (from the entries named in :meth:`gathered_keys`,
+  which rank 0 receives from every client), :meth:`reductions` (the weighted sums it needs of the other
+  uploads, folded as they arrive) and :meth:`aggregate` (the new global state from those sums; a
+  gathered entry's value: :meth:`combine`);
 * **what it evaluates**: ``evaluates`` lists "global" (the model rebuilt from
   the download) and/or "personal" (the download plus the client's private
   state).
@@ -63,6 +66,7 @@ from ..plan.task import CLASSIFICATION, Task
 from ..models import StateEntry, build_model, place_composite_norms
 from ..transport.wire import TensorSpec
 from .guide import NAME as GUIDE, frozen_head, guide_loss, with_guide
+from .reduction import Reduction, mean_weights, weighted_mean
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class SharePolicy:
     download: list[TensorSpec]
     upload: list[TensorSpec]
     private: list[TensorSpec]
+    gathered: tuple[str, ...] = ()  # uploads rank 0 receives from every client whole; the rest are folded
 
 
 @dataclass
@@ -98,13 +103,16 @@ class ClientState:
 class Uploads:
     """What the sampled clients sent this round, in client-id order.
 
-    ``tensors[name][k]`` is client k's tensor: a numpy view into the receive
-    buffer, so aggregation reads the gathered bytes in place.
+    ``tensors[name][k]`` is client k's value of a gathered entry (:meth:`Algorithm.gathered_keys`): a numpy
+    view into the receive buffer, so aggregation reads the gathered bytes in place.  ``sums[name]`` is the
+    float64 result of the method's reduction ``name`` (:meth:`Algorithm.reductions`), filled before
+    :meth:`Algorithm.aggregate`.
     """
 
     clients: np.ndarray
     meta: np.ndarray  # (K,) records of CLIENT_META: num_samples, num_steps, loss_sum, correct, seen
     tensors: dict[str, list[np.ndarray]]
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> np.ndarray:
@@ -335,7 +343,8 @@ class Algorithm:
         spec = {e.key: self.entry_spec(e) for e in self.entries}
         return SharePolicy(download=[spec[k] for k in self.shared_keys] + self.extra_download(),
                            upload=[spec[k] for k in self.uploaded_keys] + self.extra_upload(),
-                           private=[spec[k] for k in self.private_keys] + self.extra_private())
+                           private=[spec[k] for k in self.private_keys] + self.extra_private(),
+                           gathered=tuple(self.gathered_keys()))
 
     # ------------------------------------------------------------------ server
     def init_server(self, initial: dict[str, torch.Tensor]) -> ServerState:
@@ -349,12 +358,32 @@ class Algorithm:
         """FedAvg weights: proportional to training samples (McMahan et al., eq. 1)."""
         return uploads.num_samples.astype(np.float64)
 
+    def gathered_keys(self) -> list[str]:
+        """Uploads whose every client's value :meth:`prepare`, :meth:`combine` or :meth:`aggregate` reads
+        (small tensors: statistics, scores, choices); rank 0 receives them whole, O(clients) bytes.  The
+        other uploads reach rank 0 only through :meth:`reductions`.  FedAvg: none."""
+        return []
+
+    def prepare(self, server: ServerState, uploads: Uploads) -> None:
+        """Before the sums: what the round's reductions depend on (``uploads`` holds the clients' records
+        and gathered entries, no sums yet).  FedAvg: nothing."""
+
+    def reductions(self, server: ServerState, uploads: Uploads) -> dict[str, Reduction]:
+        """The weighted sums :meth:`aggregate` reads from ``uploads.sums``, by name.  FedAvg: every uploaded
+        model entry that is not gathered, under its own name, weighted by :meth:`client_weights`."""
+        gathered = set(self.gathered_keys())
+        summed = [key for key in self.uploaded_keys if key not in gathered]
+        p = mean_weights(self.client_weights(uploads)) if summed else None
+        return {key: Reduction(key, p) for key in summed}
+
     def aggregate(self, server: ServerState, uploads: Uploads) -> None:
-        """Every uploaded model entry's global value = :meth:`global_value` of the :meth:`combine` of the
-        clients' values."""
+        """Every uploaded model entry's global value = :meth:`global_value` of its weighted mean (a gathered
+        entry: of the :meth:`combine` of the clients' values)."""
         weights = self.client_weights(uploads)
         for key in self.uploaded_keys:
-            value = self.global_value(server, key, self.combine(key, uploads.tensors[key], weights), uploads)
+            combined = (torch.from_numpy(uploads.sums[key]) if key in uploads.sums
+                        else self.combine(key, uploads.tensors[key], weights))
+            value = self.global_value(server, key, combined, uploads)
             server.model[key] = value.to(server.model[key].dtype)
 
     def global_value(self, server: ServerState, key: str, combined: torch.Tensor, uploads: Uploads) -> torch.Tensor:
@@ -364,7 +393,8 @@ class Algorithm:
         return combined
 
     def combine(self, key: str, values: Sequence[np.ndarray], weights: np.ndarray) -> torch.Tensor:
-        """One entry's aggregation rule; FedAvg: the weighted mean (float64, client-id order)."""
+        """A gathered entry's aggregation rule (:meth:`gathered_keys`); FedAvg: the weighted mean (float64,
+        client-id order), the same bits as its reduction."""
         return torch.from_numpy(weighted_mean(values, weights))
 
     # ------------------------------------------------------------------ client
@@ -491,40 +521,3 @@ class Algorithm:
         train on them for the whole run (a resumed run rebuilds them).  Default: as loaded; CCST trains on
         stylized copies (``ClientData.with_train``)."""
         return data
-
-
-def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
-    """sum_k w_k x_k / sum_k w_k in float64, accumulated in client-id order (:func:`weighted_sum`)."""
-    if not all(np.issubdtype(v.dtype, np.floating) for v in values):
-        raise TypeError("only floating-point tensors can be averaged")
-    weights = np.asarray(weights, dtype=np.float64)
-    if len(weights) != len(values):
-        raise ValueError(f"{len(weights)} weights for {len(values)} uploads")
-    return weighted_sum(values, weights / weights.sum())
-
-
-SUM_BLOCK = 1 << 14  # elements per block: the float64 partial sum and one term stay in the L1/L2 cache
-
-
-def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float]) -> np.ndarray:
-    """sum_k c_k x_k in float64, accumulated in client-id order; terms with c_k = 0 are skipped.
-
-    A fixed order makes the result independent of which rank trained which
-    client (rank-count invariance).  The sum runs block by block over the
-    elements, every client's term of a block before the next block, so the
-    partial sum never leaves the cache: each upload is read once and the
-    result written once (3x faster than whole-array passes for a 50 MB
-    model, with the same bits).
-    """
-    coefficients = np.asarray(coefficients, dtype=np.float64)
-    acc = np.zeros(values[0].shape, dtype=np.float64)
-    flat_acc = acc.reshape(-1)
-    terms = [(c, np.ravel(x)) for c, x in zip(coefficients, values) if c]
-    scratch = np.empty(min(SUM_BLOCK, flat_acc.size), dtype=np.float64)
-    for start in range(0, flat_acc.size, SUM_BLOCK):
-        block = flat_acc[start:start + SUM_BLOCK]
-        term = scratch[:len(block)]
-        for c, x in terms:
-            np.multiply(x[start:start + SUM_BLOCK], c, out=term, dtype=np.float64)
-            block += term
-    return acc

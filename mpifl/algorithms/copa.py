@@ -130,6 +130,10 @@ class COPA(FedAvg):
     def download(self, server):
         return {**super().download(server), **server.extra}
 
+    def gathered_keys(self):
+        """Every participant's head, whole: each replaces its own row of the stack (no sum can)."""
+        return [HEAD + e.key for e in self.head.values()]
+
     def aggregate(self, server, uploads):
         """FedAvg over the bodies; each participant's head replaces its row of the stack."""
         super().aggregate(server, uploads)

@@ -75,10 +75,11 @@ Choices:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..plan.config import Option
-from .base import weighted_sum
+from .reduction import Reduction, mean_weights
 from .deltas import (
     ALPHA,
     add_to_grads,
@@ -94,6 +95,7 @@ DRIFT, LAST = "feddc.drift/", "feddc.last_update/"
 GLOBAL_UPDATE, THETA_PLUS_DRIFT, UPDATE = "feddc.global_update/", "feddc.theta_plus_drift/", "feddc.update/"
 CONTROL, GLOBAL_CONTROL, CONTROL_DELTA = "feddc.control/", "feddc.global_control/", "feddc.control_delta/"
 MEAN_DRIFT = "feddc.mean_drift/"
+Q_SUM = "feddc.q_sum/"  # reduction: sum_i q_i theta_i
 RULES = ("code", "paper")
 
 
@@ -155,26 +157,43 @@ class FedDC(FedAvg):
     def download(self, server):
         return {**super().download(server), **{s.name: server.extra[s.name] for s in self.extra_download()}}
 
+    def q(self, uploads) -> list[float]:
+        """The code's q_i = w_i / N: client i's share of the mean over all N training clients."""
+        return [self.weight(int(n)) / self.num_training_clients for n in uploads.num_samples]
+
+    def reductions(self, server, uploads):
+        """Weighted means of the uploaded entries; the code: sum_i q_i theta_i and sum_i q_i dc_i, the
+        paper: the weighted means of theta_i + h_i and of the updates."""
+        sums = super().reductions(server, uploads)
+        if self.code:
+            q = np.array(self.q(uploads))
+            for key in self.params:
+                sums[Q_SUM + key] = Reduction(key, q)
+                sums[CONTROL_DELTA + key] = Reduction(CONTROL_DELTA + key, q)
+        else:
+            p = mean_weights(self.client_weights(uploads))
+            for key in self.params:
+                sums[THETA_PLUS_DRIFT + key] = Reduction(THETA_PLUS_DRIFT + key, p)
+                sums[UPDATE + key] = Reduction(UPDATE + key, p)
+        return sums
+
     def aggregate(self, server, uploads):
         old = {k: server.model[k].double() for k in self.params}
         super().aggregate(server, uploads)  # BN running statistics (code: and theta_i): weighted means
-        weights = self.client_weights(uploads)
         if self.code:
-            q = [self.weight(int(n)) / self.num_training_clients for n in uploads.num_samples]
+            q = self.q(uploads)
             for key in self.params:
-                moved = torch.from_numpy(weighted_sum(uploads.tensors[key], q)) - sum(q) * old[key]
+                moved = torch.from_numpy(uploads.sums[Q_SUM + key]) - sum(q) * old[key]
                 drift = server.extra[MEAN_DRIFT + key].double() + moved
                 server.extra[MEAN_DRIFT + key] = drift.to(server.model[key].dtype)
                 server.model[key] = (server.model[key].double() + drift).to(server.model[key].dtype)
                 control = server.extra[GLOBAL_CONTROL + key].double() + torch.from_numpy(
-                    weighted_sum(uploads.tensors[CONTROL_DELTA + key], q))
+                    uploads.sums[CONTROL_DELTA + key])
                 server.extra[GLOBAL_CONTROL + key] = control.to(server.model[key].dtype)
             return
         for key in self.params:
-            server.model[key] = self.combine(key, uploads.tensors[THETA_PLUS_DRIFT + key],
-                                             weights).to(server.model[key].dtype)
-            server.extra[GLOBAL_UPDATE + key] = self.combine(key, uploads.tensors[UPDATE + key],
-                                                             weights).to(server.model[key].dtype)
+            server.model[key] = torch.from_numpy(uploads.sums[THETA_PLUS_DRIFT + key]).to(server.model[key].dtype)
+            server.extra[GLOBAL_UPDATE + key] = torch.from_numpy(uploads.sums[UPDATE + key]).to(server.model[key].dtype)
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):

@@ -147,19 +147,31 @@ class FedDGGA(Algorithm):
                         SCORED_IN: torch.full((self.num_clients,), -1, dtype=torch.int64)}
         return server
 
-    def aggregate(self, server, uploads):
-        """Adjust a with the gaps of round r - 1, keep this round's trained-model scores, then average."""
+    def gathered_keys(self):
+        return [SCORES]
+
+    def prepare(self, server, uploads):
+        """Adjust a with the gaps of round r - 1 and keep this round's trained-model scores."""
         ids = uploads.clients
         scores = np.stack(uploads.tensors[SCORES]).astype(np.float64)
         last, scored_in = server.extra[LAST_SCORE].numpy(), server.extra[SCORED_IN].numpy()
         fresh = scored_in[ids] == self.round - 1
         gaps = generalization_gaps(scores[fresh, 0], last[ids[fresh]], self.metric)
-        weights = adjust_weights(server.extra[WEIGHTS].numpy(), ids[fresh], gaps, self.step(self.round - 1),
-                                 self.paper)
-        server.extra[WEIGHTS] = torch.from_numpy(np.array(weights))
+        self._weights = adjust_weights(server.extra[WEIGHTS].numpy(), ids[fresh], gaps, self.step(self.round - 1),
+                                       self.paper)
+        server.extra[WEIGHTS] = torch.from_numpy(np.array(self._weights))
         last[ids], scored_in[ids] = scores[:, 1], self.round
-        if weights[ids].sum() > 0:
-            self._weights = weights
+
+    def averages(self, uploads) -> bool:
+        """Whether the round's participants have weight left to average with (else the model stays)."""
+        return self._weights[uploads.clients].sum() > 0
+
+    def reductions(self, server, uploads):
+        return super().reductions(server, uploads) if self.averages(uploads) else {}
+
+    def aggregate(self, server, uploads):
+        """The a-weighted means of :meth:`prepare`'s weights."""
+        if self.averages(uploads):
             super().aggregate(server, uploads)
 
     def client_weights(self, uploads):

@@ -64,7 +64,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import MpiflError
-from .base import weighted_sum
+from .reduction import Reduction
 from .deltas import (
     ALPHA,
     add_to_grads,
@@ -77,6 +77,7 @@ from .fedavg import FedAvg
 
 GRAD, H = "feddyn.grad/", "feddyn.h/"
 ALPHA_RULES = ("client", "global")
+SHARE_SUM = "feddyn.share_sum/"  # reduction: sum_P theta_k / m
 
 
 class FedDyn(FedAvg):
@@ -124,18 +125,19 @@ class FedDyn(FedAvg):
         server.extra = {H + k: torch.zeros_like(initial[k]) for k in self.params}
         return server
 
-    def aggregate(self, server, uploads):
+    def reductions(self, server, uploads):
+        """The weighted means, and sum_P theta_k / m for h."""
         if self.num_training_clients < len(uploads.clients):
             raise RuntimeError("FedDyn needs the number of training clients (Algorithm.bind_clients)")
-        super().aggregate(server, uploads)
+        share = [1.0 / self.num_training_clients] * len(uploads.clients)
+        return {**super().reductions(server, uploads), **{SHARE_SUM + k: Reduction(k, share) for k in self.params}}
 
     def global_value(self, server, key, combined, uploads):
         if key not in self.params:
             return combined
         m = self.num_training_clients
         x = server.model[key].double()
-        share = [1.0 / m] * len(uploads.clients)
-        moved = torch.from_numpy(weighted_sum(uploads.tensors[key], share)) - (len(share) / m) * x
+        moved = torch.from_numpy(uploads.sums[SHARE_SUM + key]) - (len(uploads.clients) / m) * x
         h = server.extra[H + key].double() - self.alpha * moved  # h - alpha/m sum_P (theta_k - x)
         server.extra[H + key] = h.to(server.model[key].dtype)
         return combined - h / self.alpha

@@ -151,6 +151,10 @@ class FedFA(FedAvg):
     def download(self, server):
         return {**super().download(server), **server.extra}
 
+    def gathered_keys(self):
+        """Every client's feature statistics: their variance across clients is the shared one."""
+        return [stats_name(i) for i in sorted(self.channels)]
+
     def aggregate(self, server, uploads):
         super().aggregate(server, uploads)
         weights = self.client_weights(uploads)

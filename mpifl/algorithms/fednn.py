@@ -134,11 +134,13 @@ class FedNN(FedProx):
         return fednn_tau(self.cfg.opt("tau0"), min(round_index, horizon), horizon)
 
     # ------------------------------------------------------------------ server
+    def gathered_keys(self):
+        """The AGN choices: a vote, not a sum."""
+        return [k for k in self.uploaded_keys if k in self.choice_keys]
+
     def combine(self, key, values, weights):
-        """FedAvg's weighted mean for every entry; :func:`aggregate_choice` for AGN ``choice``."""
-        if key in self.choice_keys:
-            return aggregate_choice(values, weights)
-        return super().combine(key, values, weights)
+        """:func:`aggregate_choice` for AGN ``choice`` (the gathered entries)."""
+        return aggregate_choice(values, weights)
 
     # ------------------------------------------------------------------ client
     def begin_round(self, round_index):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import weighted_sum
+from .reduction import Reduction, mean_weights
 from .deltas import solver_norm, trainable_keys
 from .fedavg import FedAvg
 
@@ -52,18 +52,25 @@ class FedNova(FedAvg):
         super().__init__(cfg, entries)
         self.params = set(trainable_keys(self))
 
-    def aggregate(self, server, uploads):
-        weights = self.client_weights(uploads)
-        p = weights / weights.sum()
+    def normalized(self, uploads) -> tuple[float, np.ndarray]:
+        """tau_eff = sum_i p_i a_i, and the coefficients p_i / a_i (0 for a client that took no step)."""
+        p = mean_weights(self.client_weights(uploads))
         a = solver_norm(uploads.num_steps, self.cfg.momentum)
-        tau_eff = float((p * a).sum())
-        coef = np.divide(p, a, out=np.zeros_like(p), where=a > 0)  # p_i / a_i
+        return float((p * a).sum()), np.divide(p, a, out=np.zeros_like(p), where=a > 0)
+
+    def reductions(self, server, uploads):
+        """Weighted means, and for each trainable parameter sum_i (p_i / a_i) y_i."""
+        _, coef = self.normalized(uploads)
+        sums = super().reductions(server, uploads)
+        sums.update((key, Reduction(key, coef)) for key in self.uploaded_keys if key in self.params)
+        return sums
+
+    def aggregate(self, server, uploads):
+        tau_eff, coef = self.normalized(uploads)
         for key in self.uploaded_keys:
             target = server.model[key]
+            value = uploads.sums[key]  # a weighted mean; for a parameter sum_i (p_i / a_i) y_i
             if key in self.params:
                 x = target.double().numpy()
-                d = coef.sum() * x - weighted_sum(uploads.tensors[key], coef)  # sum_i p_i (x - y_i) / a_i
-                value = torch.from_numpy(x - tau_eff * d)
-            else:
-                value = self.combine(key, uploads.tensors[key], weights)
-            server.model[key] = value.to(target.dtype)
+                value = x - tau_eff * (coef.sum() * x - value)  # d = sum_i p_i (x - y_i) / a_i
+            server.model[key] = torch.from_numpy(value).to(target.dtype)

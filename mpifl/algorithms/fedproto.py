@@ -117,6 +117,10 @@ class FedProto(FedAvg):
     def download(self, server):
         return dict(server.extra)
 
+    def gathered_keys(self):
+        """Prototypes and counts: a per-class, count-weighted mean (classes x features per client)."""
+        return [PROTOS, COUNTS]
+
     def aggregate(self, server, uploads):
         server.extra[PROTOS], server.extra[PRESENT] = aggregate_prototypes(
             np.stack(uploads.tensors[PROTOS]), np.stack(uploads.tensors[COUNTS]),

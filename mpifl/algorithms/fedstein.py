@@ -135,11 +135,14 @@ class FedStein(HeldOutAverage, FedAvg):
         """BN weight and bias: the held-out domain's global model gets the clients' average."""
         return entry.module_kind == "bn" and entry.is_param
 
+    def gathered_keys(self):
+        """The BN running statistics: eq. (9)'s sampling variance needs every client's value (C numbers
+        per layer); the other shared entries are weighted means."""
+        return [k for k in self.uploaded_keys if k in self.stat_keys]
+
     def combine(self, key, values, weights):
-        """Weighted mean of every shared entry; then eq. (9) on each BN running statistic."""
+        """Eq. (9) on the weighted mean of a BN running statistic (the gathered entries)."""
         mean = super().combine(key, values, weights)
-        if key not in self.stat_keys:
-            return mean
         if self.cfg.opt("js_sigma2") == "channels":
             return james_stein(mean)
         return james_stein(mean, sigma2=weighted_mean_sigma2(values, weights))

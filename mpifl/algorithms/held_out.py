@@ -13,6 +13,9 @@ domains' "global" rows).  Training clients never load it, and without
 
 from __future__ import annotations
 
+import torch
+
+from .reduction import Reduction, mean_weights
 
 
 class HeldOutAverage:
@@ -43,12 +46,16 @@ class HeldOutAverage:
         return {**super().download(server), **{self._down + e.key: server.extra[self._down + e.key]
                                               for e in self._held_out}}
 
+    def reductions(self, server, uploads):
+        """The method's sums, and the weighted mean of each entry averaged for the held-out domain."""
+        p = mean_weights(self.client_weights(uploads))
+        return {**super().reductions(server, uploads),
+                **{self._down + e.key: Reduction(self._up + e.key, p) for e in self._held_out}}
+
     def aggregate(self, server, uploads):
         super().aggregate(server, uploads)
-        weights = self.client_weights(uploads)
         for e in self._held_out:
-            server.extra[self._down + e.key] = self.combine(e.key, uploads.tensors[self._up + e.key],
-                                                             weights).to(e.dtype)
+            server.extra[self._down + e.key] = torch.from_numpy(uploads.sums[self._down + e.key]).to(e.dtype)
 
     def end_local(self, client, model):
         state = model.state_dict()

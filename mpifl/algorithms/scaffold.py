@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import weighted_sum
+from .reduction import Reduction
 from .deltas import (
     SERVER_LR,
     add_to_grads,
@@ -96,15 +96,19 @@ class Scaffold(FedAvg):
     def download(self, server):
         return {**super().download(server), **server.extra}
 
-    def aggregate(self, server, uploads):
+    def reductions(self, server, uploads):
+        """The weighted means, and sum_S delta c_i / N for the global control variate."""
         if self.num_training_clients < len(uploads.clients):
             raise RuntimeError("SCAFFOLD needs the number of training clients (Algorithm.bind_clients)")
-        super().aggregate(server, uploads)
         share = [1.0 / self.num_training_clients] * len(uploads.clients)
+        return {**super().reductions(server, uploads),
+                **{DELTA_C + k: Reduction(DELTA_C + k, share) for k in self.params}}
+
+    def aggregate(self, server, uploads):
+        super().aggregate(server, uploads)
         for key in self.params:
             c = server.extra[C_GLOBAL + key]
-            server.extra[C_GLOBAL + key] = (c.double() + torch.from_numpy(
-                weighted_sum(uploads.tensors[DELTA_C + key], share))).to(c.dtype)
+            server.extra[C_GLOBAL + key] = (c.double() + torch.from_numpy(uploads.sums[DELTA_C + key])).to(c.dtype)
 
     def global_value(self, server, key, combined, uploads):
         eta_g = self.cfg.opt("server_lr")

@@ -72,8 +72,8 @@ class ClientHost:
         on_gpu = device.type == "cuda"
         self.device_buffers = device_buffers(cfg.gpu_buffers, on_gpu, comm.cuda_aware())
         # on the GPU for a CUDA-aware transport; else page-locked host memory: fast, asynchronous copies to the GPU
-        self.down_buffer, self.up_buffer = (ReusedBuffer(pinned=on_gpu, device=device if self.device_buffers else None)
-                                            for _ in range(2))
+        self.down_buffer, self.up_buffer, self.summed_buffer = (
+            ReusedBuffer(pinned=on_gpu, device=device if self.device_buffers else None) for _ in range(3))
 
     def run(self) -> None:
         try:
@@ -107,6 +107,9 @@ class ClientHost:
             work = protocol.plan(header, messages).of(self.comm.rank)
             send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
             report, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
+            size = messages.summed.nbytes
+            summed = self.summed_buffer.get(len(work.trains) * size)
+            summed_segments = [summed[i * size:(i + 1) * size] for i in range(len(work.trains))]
 
             start = time.perf_counter()
             if work.evaluates:
@@ -117,8 +120,8 @@ class ClientHost:
                 self.clients.fit_budget()
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
-            for cid, segment in zip(work.trains, client_segments):
-                messages.client.pack(self._train(self.clients.get(cid), download, r), out=segment)
+            for cid, segment, summed_segment in zip(work.trains, client_segments, summed_segments):
+                messages.pack_client(self._train(self.clients.get(cid), download, r), segment, summed_segment)
                 self.clients.fit_budget()
             trained_at = time.perf_counter()
             seconds = record(RANK_SECONDS, train=trained_at - evaluated_at, evaluate=evaluated_at - start,
@@ -129,6 +132,8 @@ class ClientHost:
             if self.device_buffers:
                 self._synchronize()  # the collective reads the GPU buffer only once the packing kernels are done
             self.comm.gatherv(send, counts)
+            for segment in summed_segments if size else ():
+                self.comm.send(segment)
             if header.action == STOP:
                 self.stopped = True
                 return

@@ -1,7 +1,8 @@
 """Rank 0: global state, client sampling, aggregation, checkpoints and the run log.
 
 Round r (README, "How a run works"): sample the clients, broadcast the header and the download, gather
-the uploads, aggregate.  Evaluation rides on the next message: the download of round r+1 is the global
+the clients' records and small uploads, fold the others into the algorithm's sums as they arrive
+(:mod:`mpifl.algorithms.reduction`), aggregate.  Evaluation rides on the next message: the download of round r+1 is the global
 model after round r, so its header asks the clients to evaluate it first, and their scores come back in
 the same gather as the round's uploads.  A final message after the last round only evaluates, then every
 rank stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
@@ -21,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..algorithms import Uploads
+from ..algorithms import Folding, Uploads
 from ..job.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
 from ..job.faults import maybe_inject
 from ..job.signals import StopRequest
@@ -33,6 +34,9 @@ from ..transport.exchange import exchange_all
 from .run_log import local_val_acc
 from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, records, saved_file
 from .run_log import MetricsLog, summarize_eval
+
+
+FOLD_WINDOW_BYTES = 256 << 20  # rank 0 receives this many bytes of clients' uploads (at least one) at once
 
 
 class Server:
@@ -54,6 +58,7 @@ class Server:
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
+        self.fold_buffer = ReusedBuffer()  # one window of clients' summed uploads
 
     def run(self) -> None:
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank, lambda exchange: [])
@@ -94,6 +99,8 @@ class Server:
             if header.action == FINAL:
                 break
             aggregated_from = time.perf_counter()
+            self.algo.prepare(self.state, uploads)
+            uploads.sums = self._fold(messages, plan, Folding(self.algo.reductions(self.state, uploads)))
             self.algo.aggregate(self.state, uploads)
             finished = time.perf_counter()
             seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
@@ -120,8 +127,24 @@ class Server:
         views = [by_client[c] for c in plan.sampled]
         uploads = Uploads(clients=np.array(plan.sampled, dtype=np.int64),
                           meta=records([v["client.meta"] for v in views], CLIENT_META),
-                          tensors={n: [v[n] for v in views] for n in messages.upload_names})
+                          tensors={n: [v[n] for v in views] for n in messages.gathered_names})
         return reports, evals, uploads
+
+    def _fold(self, messages: Messages, plan: RoundPlan, folding: Folding) -> dict[str, np.ndarray]:
+        """Receive every trained client's summed uploads, in client-id order, ``FOLD_WINDOW_BYTES`` at a time,
+        and add them into ``folding``'s sums."""
+        size = messages.summed.nbytes
+        if size == 0:
+            return folding.sums
+        owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
+        window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
+        buf = self.fold_buffer.get(window * size)
+        for start in range(0, len(plan.sampled), window):
+            clients = plan.sampled[start:start + window]
+            parts = [buf[i * size:(i + 1) * size] for i in range(len(clients))]
+            self.comm.receive(parts, [owner[c] for c in clients])
+            folding.add([messages.summed.unpack(part) for part in parts])
+        return folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, plan: RoundPlan,
                 down_bytes: int, server_seconds: dict) -> dict:
@@ -138,6 +161,6 @@ class Server:
             "clients": uploads.clients.tolist(),
             "train": train,
             "bytes": {"down": messages.policy_down_bytes * k, "up": messages.policy_up_bytes * k,
-                      "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(plan.upload_bytes))},
+                      "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
         }

@@ -7,8 +7,9 @@ Two implementations:
   without a launcher (a debugger, a notebook, a laptop without MPI).
 
 Both move the same bytes in the same order, so a run gives the same numbers over either.  Per round there
-are two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`): :meth:`Comm.bcast` from rank 0
-and :meth:`Comm.gatherv` to rank 0.  The ``*_object`` collectives carry a few small Python objects during
+are two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`Comm.bcast` from rank 0
+and :meth:`Comm.gatherv` to rank 0, then one message per trained client to rank 0 (:meth:`Comm.send`,
+:meth:`Comm.receive`), which rank 0 receives in client-id order, a few at a time.  The ``*_object`` collectives carry a few small Python objects during
 set-up only.  Each collective is preceded by :meth:`Comm.arrive`, a barrier that waits without spinning
 (the time is counted in ``seconds_waiting``); the bytes then move at full speed (``seconds_moving``).  A barrier
 knows which ranks have arrived, so a rank that gives up waiting (``timeout``, ``--round-timeout``) names the
@@ -83,6 +84,20 @@ class Comm:
         self.seconds_moving += time.perf_counter() - start
         return segments
 
+    def send(self, buf: Buffer, what: str = "the server's fold of the uploads") -> None:
+        """Send ``buf`` to rank 0; returns once rank 0 has received it (``buf`` may then be reused).  A
+        rank's messages arrive in the order it sent them."""
+        start = time.perf_counter()
+        self._send(buf, what)
+        self.seconds_moving += time.perf_counter() - start
+
+    def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload") -> None:
+        """On rank 0: fill ``bufs[i]`` with the next message of rank ``sources[i]``, all at once (several
+        from one rank fill in its sending order)."""
+        start = time.perf_counter()
+        self._receive(bufs, sources, what)
+        self.seconds_moving += time.perf_counter() - start
+
     # ------------------------------------------------------------ set-up only
     def bcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (small objects, during set-up)."""
@@ -121,6 +136,12 @@ class Comm:
         raise NotImplementedError
 
     def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
+        raise NotImplementedError
+
+    def _send(self, buf: Buffer, what: str) -> None:
+        raise NotImplementedError
+
+    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
         raise NotImplementedError
 
     def _receive_buffer(self, padded: list[int]) -> tuple[Buffer, np.ndarray]:

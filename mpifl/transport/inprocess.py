@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, NoReturn
 
@@ -33,6 +35,7 @@ from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 WATCHDOG_SECONDS = 10.0  # a failed client host waits this long for the server to end the run
+POLL_SECONDS = 0.05  # how often a rank blocked on a message looks whether the world failed
 
 
 class Room:
@@ -44,6 +47,7 @@ class Room:
         self.waiting: set[int] = set()  # the ranks inside the barrier now (guarded by ``turn``)
         self.missing: list[int] | None = None  # who had not arrived when a barrier timed out
         self.posted: list[Any] = [None] * size  # each rank's contribution to the collective under way
+        self.to_server = [queue.Queue() for _ in range(size)]  # rank r's messages to rank 0: (buffer, received)
         self.turn = threading.Condition()
         self.whose_turn = 0
         self.failed: int | None = None  # the exit code of a rank that ended the job
@@ -116,6 +120,29 @@ class ThreadComm(Comm):
                 _copy(segment, sent)
         self._barrier("the other ranks")  # the senders may reuse their buffers only now
         return segments
+
+    def _send(self, buf: Buffer, what: str) -> None:
+        received = threading.Event()
+        self.room.to_server[self.rank].put((buf, received))
+        self._blocked(lambda: received.wait(POLL_SECONDS) or None, what, [0])
+
+    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
+        for buf, source in zip(bufs, sources):
+            inbox = self.room.to_server[source]
+            sent, received = self._blocked(lambda: _next(inbox), what, [source])
+            _copy(buf, sent)
+            received.set()  # the sender may reuse its buffer
+
+    def _blocked(self, attempt: Callable[[], Any], what: str, peers: list[int]) -> Any:
+        """The first value other than None that ``attempt`` (which waits up to POLL_SECONDS) returns; leaves
+        when the world failed, or after ``timeout`` seconds naming ``peers``."""
+        start = time.monotonic()
+        while (value := attempt()) is None:
+            if self.room.failed is not None:
+                raise SystemExit(self.room.failed)
+            if self.timeout is not None and time.monotonic() - start > self.timeout:
+                raise self.timed_out(what, peers)
+        return value
 
     def bcast_object(self, obj):
         return copy.deepcopy(self._exchange(obj)[0])
@@ -197,6 +224,14 @@ def _copy(dst: Buffer, src: Buffer) -> None:
         dst.copy_(torch.as_tensor(src), non_blocking=False)
     else:
         dst[:] = src.cpu().numpy() if isinstance(src, torch.Tensor) else src
+
+
+def _next(inbox: queue.Queue) -> Any:
+    """The next message in ``inbox``, or None if none came within POLL_SECONDS."""
+    try:
+        return inbox.get(timeout=POLL_SECONDS)
+    except queue.Empty:
+        return None
 
 
 def _exit_code(exc: SystemExit) -> int:

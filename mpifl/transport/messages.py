@@ -3,16 +3,21 @@
 Down (one ``Bcast``): a header (command, round, which round to evaluate)
 followed by the algorithm's download tensors.
 
-Up (one ``Gatherv``): each client rank sends, in this order,
+Up, first one ``Gatherv``: each client rank sends, in this order,
   1. its report: timings (``rank.seconds``), the stop signal it received, if any (``rank.stop``, so that a
      signal reaching one rank stops the whole job), and, when the header asked it to save, the size and
      sha256 of the checkpoint file it wrote (``rank.saved_bytes``, ``rank.saved_sha256``),
   2. if the header asked for evaluation, one ``client.eval`` block per hosted
      client, ascending id: model kind x split (val, test) x (loss sum,
      correct, count),
-  3. one block per client of the round it hosts, ascending id: the
-     algorithm's upload tensors and ``client.meta`` (samples, steps, train
+  3. one block per client of the round it hosts, ascending id: the uploads
+     the algorithm gathers (``SharePolicy.gathered``: small tensors its rule
+     needs from every client) and ``client.meta`` (samples, steps, train
      loss sum, correct, seen).
+Then, one point-to-point message per client of the round, in client-id order
+over all ranks: its other uploads (``summed``), which rank 0 folds into the
+algorithm's sums as they arrive (:mod:`mpifl.algorithms.reduction`), a few at
+a time, so that it never holds the round's uploads at once.
 Both sides derive every size from the placement and the round's sample, so
 no sizes travel.
 """
@@ -64,20 +69,33 @@ class Messages:
 
     def __init__(self, policy: SharePolicy, evaluates: tuple[str, ...]):
         self.down = WireLayout(_HEADER + policy.download)
-        self.client = WireLayout(policy.upload + [
+        gathered = set(policy.gathered)
+        if not gathered <= {s.name for s in policy.upload}:
+            raise ValueError(f"gathered entries {sorted(gathered)} are not all uploaded")
+        self.client = WireLayout([s for s in policy.upload if s.name in gathered] + [
             TensorSpec("client.meta", (len(CLIENT_META.names),), torch.float64)])
+        self.summed = WireLayout([s for s in policy.upload if s.name not in gathered])
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
         self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
                                 TensorSpec("rank.stop", (), torch.int64),
                                 TensorSpec("rank.saved_bytes", (), torch.int64),
                                 TensorSpec("rank.saved_sha256", (32,), torch.uint8)])
         self.download_names = [s.name for s in policy.download]
-        self.upload_names = [s.name for s in policy.upload]
+        self.gathered_names = [s.name for s in policy.upload if s.name in gathered]
         self.policy_down_bytes = sum(s.nbytes for s in policy.download)
         self.policy_up_bytes = sum(s.nbytes for s in policy.upload)
 
     def upload_bytes(self, num_trained: int, num_evaluated: int) -> int:
         return self.rank.nbytes + num_evaluated * self.eval.nbytes + num_trained * self.client.nbytes
+
+    def pack_client(self, upload: dict[str, torch.Tensor], gathered: Buffer, summed: Buffer) -> None:
+        """One trained client's upload (its tensors and ``client.meta``): the gathered part into its block of
+        the gather, the rest into its point-to-point message."""
+        if set(upload) != set(self.client.names) | set(self.summed.names):
+            raise ValueError(f"upload {sorted(upload)} does not match the share policy "
+                             f"{sorted(self.client.names + self.summed.names)}")
+        self.client.pack({name: upload[name] for name in self.client.names}, out=gathered)
+        self.summed.pack({name: upload[name] for name in self.summed.names}, out=summed)
 
     def pack_down(self, header: Header, download: dict[str, torch.Tensor], out: np.ndarray) -> None:
         scalars = {"round.command": header.command, "round.index": header.round, "round.evaluate": header.evaluate}

@@ -1,4 +1,5 @@
-"""The MPI transport: one process per rank, one broadcast down and one gather up on raw byte buffers.
+"""The MPI transport: one process per rank; per round one broadcast down, one gather up and one message per
+trained client to rank 0, on raw byte buffers.
 
 Three properties matter beyond moving bytes:
 
@@ -14,13 +15,14 @@ Three properties matter beyond moving bytes:
   takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
   when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
 * **No 2 GiB limit.**  MPI counts are C ints.  Buffers above ``max_count``
-  bytes travel as derived datatypes (BigMPI's construction): a broadcast as
-  one struct of whole blocks plus the remainder, a gather with each rank's
-  segment padded to a common block.  Still one collective.
+  bytes travel as derived datatypes (BigMPI's construction): a broadcast or
+  a message as one struct of whole blocks plus the remainder, a gather with
+  each rank's segment padded to a common block.  Still one collective.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -37,7 +39,7 @@ from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 INT_MAX = 2**31 - 1
-ARRIVED, GO = 31001, 31002  # tags of the barrier's messages
+ARRIVED, GO, UPLOAD = 31001, 31002, 31003  # tags: the barrier's messages, a client's message to rank 0
 LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
 
 
@@ -55,8 +57,8 @@ class MpiComm(Comm):
         self.max_sleep = max_sleep
 
     # ---------------------------------------------------------------- waiting
-    def wait(self, requests: dict[int, MPI.Request], what: str) -> None:
-        """Complete ``requests`` (one per peer rank) by polling with growing sleeps.
+    def wait(self, requests: list[tuple[int, MPI.Request]], what: str) -> None:
+        """Complete ``requests`` (each with its peer rank) by polling with growing sleeps.
 
         Sleeps double from 50 us up to ``max_sleep`` (2 ms), and in a long
         wait up to 1 % of the time already waited (at most 50 ms): an arrival
@@ -66,14 +68,14 @@ class MpiComm(Comm):
         """
         sleep = 5e-5
         start = time.monotonic()
-        pending = dict(requests)
+        pending = list(requests)
         while True:
-            pending = {rank: request for rank, request in pending.items() if not request.Test()}
+            pending = [(rank, request) for rank, request in pending if not request.Test()]
             if not pending:
                 return
             waited = time.monotonic() - start
             if self.timeout is not None and waited > self.timeout:
-                raise self.timed_out(what, sorted(pending))
+                raise self.timed_out(what, sorted({rank for rank, _ in pending}))
             time.sleep(sleep)
             sleep = min(sleep * 2, max(self.max_sleep, min(LONG_WAIT_SLEEP, waited / 100)))
 
@@ -81,24 +83,17 @@ class MpiComm(Comm):
         """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived."""
         if self.rank == 0:
             clients = range(1, self.size)
-            self.wait({r: self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED) for r in clients}, what)
+            self.wait([(r, self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED)) for r in clients], what)
             MPI.Request.Waitall([self.comm.Isend(self._token, dest=r, tag=GO) for r in clients])
         else:
             sent = self.comm.Isend(self._token, dest=0, tag=ARRIVED)
-            self.wait({0: self.comm.Irecv(self._inbox[0:1], source=0, tag=GO)}, what)
+            self.wait([(0, self.comm.Irecv(self._inbox[0:1], source=0, tag=GO))], what)
             sent.Wait()
 
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:
-        n = buf.nbytes
-        if n <= self.max_count:
-            self.comm.Bcast([buf, n, MPI.BYTE], root=0)
-            return
-        dtype = self._struct_type(n)
-        try:
-            self.comm.Bcast([buf, 1, dtype], root=0)
-        finally:
-            dtype.Free()
+        with self._typed(buf) as message:
+            self.comm.Bcast(message, root=0)
 
     def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
         block = self._gather_block(counts)
@@ -122,6 +117,28 @@ class MpiComm(Comm):
         if self.rank != 0:
             return None
         return [recv[d:d + c] for d, c in zip(displs, counts)]
+
+    def _send(self, buf: Buffer, what: str) -> None:
+        with self._typed(buf) as message:
+            self.wait([(0, self.comm.Isend(message, dest=0, tag=UPLOAD))], what)
+
+    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
+        with contextlib.ExitStack() as types:
+            self.wait([(source, self.comm.Irecv(types.enter_context(self._typed(buf)), source=source, tag=UPLOAD))
+                       for buf, source in zip(bufs, sources)], what)
+
+    @contextlib.contextmanager
+    def _typed(self, buf: Buffer):
+        """``buf`` as an MPI message: bytes, or above ``max_count`` one struct (freed on leaving)."""
+        n = buf.nbytes
+        if n <= self.max_count:
+            yield [buf, n, MPI.BYTE]
+            return
+        dtype = self._struct_type(n)
+        try:
+            yield [buf, 1, dtype]
+        finally:
+            dtype.Free()
 
     def bcast_object(self, obj):
         return self.comm.bcast(obj, root=0)

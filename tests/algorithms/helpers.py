@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from mpifl.algorithms import get_algorithm
+from mpifl.algorithms import Folding, get_algorithm
 from mpifl.client.training import client_round, load_state
 from mpifl.plan.config import RunConfig
 from mpifl.transport.messages import CLIENT_META
@@ -70,3 +70,16 @@ def run_two_rounds(data_root, run, algo, *extra):
                  "--rounds", "2", "--fraction", "0.5", "--clients-per-domain", "2", "--threads", "1",
                  "--lr", "0.05", "--momentum", "0.9", *extra)
     assert job.returncode == 0, job.stderr
+
+
+def aggregate(algo, server, uploads, window=None):
+    """The server's aggregation of ``uploads`` whose every tensor is in memory: :meth:`prepare`, the
+    method's reductions folded ``window`` clients at a time (None: all at once), :meth:`aggregate`."""
+    algo.prepare(server, uploads)
+    folding = Folding(algo.reductions(server, uploads))
+    k = len(uploads.clients)
+    for start in range(0, k, window or k):
+        folding.add([{name: values[i] for name, values in uploads.tensors.items()}
+                     for i in range(start, min(k, start + (window or k)))])
+    uploads.sums = folding.sums
+    algo.aggregate(server, uploads)

@@ -15,7 +15,7 @@ from mpifl.plan.clients import ClientSpec
 
 from ..conftest import read_metrics, run_here
 from ..job.test_checkpoint import numbers
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 HEAD = ("classifier.weight", "classifier.bias")
 WEIGHT, BIAS = "copa.heads/classifier.weight", "copa.heads/classifier.bias"
@@ -97,12 +97,12 @@ def test_heads_are_stacked_in_client_id_order_and_an_unsampled_clients_head_is_k
         return Uploads(clients=np.array(clients), meta=client_meta([1] * len(clients)),
                        tensors={n: [np.full(shapes[n], v, np.float32) for v in values] for n in names})
 
-    algo.aggregate(server, uploads([1, 3], [1.0, 3.0]))
+    aggregate(algo, server, uploads([1, 3], [1.0, 3.0]))
     down = algo.download(server)
     assert torch.equal(down[WEIGHT][0], initial["classifier.weight"])  # client 0 not sampled yet
     assert (down[WEIGHT][1] == 1.0).all() and (down[WEIGHT][2] == 3.0).all() and (down[BIAS][2] == 3.0).all()
     assert (down["conv1.weight"] == 2.0).all()  # the bodies' mean
-    algo.aggregate(server, uploads([0], [5.0]))
+    aggregate(algo, server, uploads([0], [5.0]))
     down = algo.download(server)
     assert (down[WEIGHT][0] == 5.0).all() and (down[WEIGHT][1] == 1.0).all() and (down[WEIGHT][2] == 3.0).all()
 

@@ -7,7 +7,7 @@ from mpifl.algorithms import Uploads
 from mpifl.algorithms.fedavgm import MOMENTUM
 
 from ..conftest import read_metrics
-from .helpers import client_meta, make_algo, run_two_rounds
+from .helpers import aggregate, client_meta, make_algo, run_two_rounds
 
 
 def _uploads(per_client, samples):
@@ -43,7 +43,7 @@ def test_without_momentum_and_unit_server_lr_fedavgm_is_fedavg():
     for _ in range(3):  # several rounds: no state may build up
         ups = _client_models(servers["fedavg"][1].model, 3, rng)
         for algo, server in servers.values():
-            algo.aggregate(server, _uploads(ups, [10, 30, 60]))
+            aggregate(algo, server, _uploads(ups, [10, 30, 60]))
     for k, v in servers["fedavg"][1].model.items():
         torch.testing.assert_close(servers["fedavgm"][1].model[k], v, rtol=0, atol=2e-7)
 
@@ -58,7 +58,7 @@ def test_two_rounds_of_server_momentum_by_hand():
     params = set(dict(model.named_parameters()))
     for _ in range(2):
         ups = _client_models(server.model, 2, rng)
-        algo.aggregate(server, _uploads(ups, [10, 30]))
+        aggregate(algo, server, _uploads(ups, [10, 30]))
         for k in x:
             mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
             if k in params:

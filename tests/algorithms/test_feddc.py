@@ -15,7 +15,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics
-from .helpers import client_meta, local_round, make_algo, run_two_rounds
+from .helpers import aggregate, client_meta, local_round, make_algo, run_two_rounds
 
 
 def _spec(cid, n=64):
@@ -99,7 +99,7 @@ def test_server_rule_by_hand():
                if k in algo.uploaded_keys},
             **{p + k: rng.normal(size=server.model[k].shape).astype(np.float32)
                for k in algo.params for p in (THETA_PLUS_DRIFT, UPDATE)}} for _ in range(2)]
-    algo.aggregate(server, Uploads(clients=np.array([0, 2]), meta=client_meta([10, 30], steps=3),
+    aggregate(algo, server, Uploads(clients=np.array([0, 2]), meta=client_meta([10, 30], steps=3),
                                    tensors={k: [u[k] for u in ups] for k in ups[0]}))
     for k in algo.params:
         np.testing.assert_allclose(server.model[k].numpy(),
@@ -129,7 +129,7 @@ def test_unsampled_clients_keep_their_drift():
         download = _download(algo, server)
         ups = [local_round(algo, model, clients[i], download, 2, quadratic) for i in sampled]
         meta = client_meta([64] * len(sampled), steps=2)
-        algo.aggregate(server, Uploads(clients=np.array(sampled), meta=meta,
+        aggregate(algo, server, Uploads(clients=np.array(sampled), meta=meta,
                                        tensors={k: [u[k] for u in ups] for k in ups[0]}))
         for i in set(range(3)) - set(sampled):
             assert all(torch.equal(clients[i].private[k], before[i][k]) for k in before[i])
@@ -164,7 +164,7 @@ def test_code_rule_server_adds_the_mean_drift_of_all_clients_by_hand():
     ups = [{**{k: rng.normal(size=v.shape).astype(np.float32) for k, v in server.model.items()},
             **{CONTROL_DELTA + k: rng.normal(size=server.model[k].shape).astype(np.float32) for k in algo.params}}
            for _ in range(2)]
-    algo.aggregate(server, Uploads(clients=np.array([0, 1]), meta=client_meta([10, 30]),
+    aggregate(algo, server, Uploads(clients=np.array([0, 1]), meta=client_meta([10, 30]),
                                    tensors={k: [u[k] for u in ups] for k in ups[0]}))
     q = (0.5 / 4, 1.5 / 4)
     for k in algo.params:

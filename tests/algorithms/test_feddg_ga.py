@@ -12,7 +12,7 @@ from mpifl.job.checkpoint import SERVER_FILE, round_dir
 from mpifl.plan.clients import ClientSpec
 
 from ..conftest import read_metrics, run_here
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 def _specs(n, val_rows=4):
@@ -36,7 +36,7 @@ def _uploads(model_state, clients, scores):
 
 def _aggregate(algo, server, round_index, clients, scores):
     algo.enter_round(round_index)
-    algo.aggregate(server, _uploads(server.model, clients, scores))
+    aggregate(algo, server, _uploads(server.model, clients, scores))
     return server.extra[WEIGHTS].numpy().copy()
 
 

@@ -11,7 +11,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.errors import MpiflError
 from mpifl.models import state_entries
 
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 def _spec(cid, n=64):
@@ -142,7 +142,7 @@ def test_server_rule_by_hand():
     x = {k: v.double().numpy() for k, v in server.model.items()}
     h = {k: v.double().numpy() for k, v in server.extra.items()}
     ups = [{k: (x[k] + rng.normal(0, 0.1, x[k].shape)).astype(np.float32) for k in x} for _ in range(2)]
-    algo.aggregate(server, _uploads(ups, [0, 3], [10, 30]))
+    aggregate(algo, server, _uploads(ups, [0, 3], [10, 30]))
     for k in x:
         mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
         if k in algo.params:
@@ -177,7 +177,7 @@ def test_partial_participation_keeps_unsampled_state_and_h_is_the_mean_of_all_g(
                 opt.step()
             algo.end_local(clients[i], model)
             ups.append({k: v.detach().numpy().copy() for k, v in model.state_dict().items() if k in algo.uploaded_keys})
-        algo.aggregate(server, _uploads(ups, sampled, [64] * len(sampled)))
+        aggregate(algo, server, _uploads(ups, sampled, [64] * len(sampled)))
         for i in set(range(4)) - set(sampled):
             assert all(torch.equal(clients[i].private[k], before[i][k]) for k in before[i])
         for k in algo.params:

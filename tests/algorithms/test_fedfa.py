@@ -12,7 +12,7 @@ from mpifl.models import build_model, state_entries
 from mpifl.models.fedfa import FeatureAugmentation, fusion_gamma
 
 from ..conftest import read_metrics
-from .helpers import client_meta, run_two_rounds
+from .helpers import aggregate, client_meta, run_two_rounds
 
 SHARED = [f"fedfa.{i}.shared_var_{k}" for i in range(3) for k in ("mean", "std")]
 
@@ -61,7 +61,7 @@ def test_server_averages_the_model_and_takes_the_variance_of_client_statistics(r
     weights = {k: [np.full(server.model[k].shape, v, np.float32) for v in (1.0, 2.0, 4.0)]
                for k in algo.uploaded_keys}
     meta = client_meta([10, 10, 20])
-    algo.aggregate(server, Uploads(clients=np.arange(3), meta=meta, tensors={**weights, **stats}))
+    aggregate(algo, server, Uploads(clients=np.arange(3), meta=meta, tensors={**weights, **stats}))
     assert torch.allclose(server.model["conv1.weight"], torch.full_like(server.model["conv1.weight"], 2.75))
     for i in range(3):
         s = np.stack(stats[f"fedfa.stats/{i}"])
@@ -84,7 +84,7 @@ def test_identical_client_statistics_leave_fusion_uniform():
     server = algo.init_server(model.state_dict())
     same = {f"fedfa.stats/{i}": [np.ones((2, c), np.float32)] * 2 for i, c in enumerate((16, 32, 64))}
     weights = {k: [server.model[k].numpy()] * 2 for k in algo.uploaded_keys}
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors={**weights, **same}))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors={**weights, **same}))
     assert not server.model["fedfa.0.shared_var_mean"].any()
     assert torch.allclose(fusion_gamma(server.model["fedfa.0.shared_var_mean"]), torch.ones(16))
 
@@ -99,7 +99,7 @@ def test_server_carries_the_weighted_mean_of_the_clients_statistics_by_default()
     stats = {f"fedfa.stats/{i}": [np.full((2, c), v, np.float32) for v in (1.0, 2.0, 4.0)]
              for i, c in enumerate((16, 32, 64))}
     weights = {k: [server.model[k].numpy()] * 3 for k in algo.uploaded_keys}
-    algo.aggregate(server, Uploads(clients=np.arange(3), meta=client_meta([10, 10, 20]),
+    aggregate(algo, server, Uploads(clients=np.arange(3), meta=client_meta([10, 10, 20]),
                                    tensors={**weights, **stats}))
     down = algo.download(server)
     assert torch.allclose(down["fedfa.running/2"], torch.full((2, 64), 2.75))  # 1/4 + 2/4 + 4/2

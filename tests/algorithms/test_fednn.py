@@ -13,7 +13,7 @@ from mpifl.algorithms.fednn import aggregate_choice, fednn_tau
 from mpifl.errors import MpiflError
 from mpifl.models import AdaptiveGroupNorm, WNConv2d
 
-from .helpers import client_meta, gradients_after_shift, make_algo
+from .helpers import aggregate, client_meta, gradients_after_shift, make_algo
 
 
 _algo = partial(make_algo, "fednn")
@@ -84,7 +84,7 @@ def test_aggregate_averages_everything_and_applies_the_choice_rule():
         else:
             tensors[k] = [np.full(v.shape, 1.0, np.float32), np.full(v.shape, 5.0, np.float32)]
     meta = client_meta([10, 30])
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=meta, tensors=tensors))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=meta, tensors=tensors))
     for k, v in server.model.items():
         if k in algo.choice_keys:
             assert v.dtype == torch.int64 and int(v) == (1 if k == "norm1.choice" else -1)

@@ -13,7 +13,7 @@ from mpifl.plan.session import make_session, read_labels
 from mpifl.client.training import train_local
 
 from ..conftest import read_metrics, run_here
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 def _uploads(per_client, samples, steps):
@@ -56,7 +56,7 @@ def test_with_equal_steps_fednova_is_fedavg_with_or_without_momentum():
         for name in ("fednova", "fedavg"):
             algo, _ = make_algo(name, {"momentum": momentum})
             server = algo.init_server(initial)
-            algo.aggregate(server, _uploads(_client_models(server, 3, seed=1), [10, 30, 60], [5, 5, 5]))
+            aggregate(algo, server, _uploads(_client_models(server, 3, seed=1), [10, 30, 60], [5, 5, 5]))
             results.append(server.model)
         for k, v in results[1].items():
             torch.testing.assert_close(results[0][k], v, rtol=0, atol=2e-7)
@@ -68,7 +68,7 @@ def test_unequal_steps_by_hand_and_unlike_fedavg():
         server = algo.init_server(model.state_dict())
         x = {k: v.double().numpy() for k, v in server.model.items()}
         ups = _client_models(server, 2, seed=2)
-        algo.aggregate(server, _uploads(ups, [100, 300], [2, 6]))
+        aggregate(algo, server, _uploads(ups, [100, 300], [2, 6]))
         p = np.array([0.25, 0.75])
         a = np.array([2.0, 6.0])
         if momentum:  # a_tau = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho), by hand for rho = 0.5

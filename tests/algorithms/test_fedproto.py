@@ -12,7 +12,7 @@ from mpifl.plan.config import resolve
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
-from .helpers import client_meta, make_algo, run_two_rounds
+from .helpers import aggregate, client_meta, make_algo, run_two_rounds
 
 
 def _algo(mu=1.0):
@@ -71,7 +71,7 @@ def test_aggregate_through_uploads_updates_the_download():
     up[0, 3], up[1, 3] = 1.0, 4.0
     counts = np.zeros((2, 10), np.float32)
     counts[0, 3], counts[1, 3] = 3, 1
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]),
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]),
                                    tensors={PROTOS: list(up), COUNTS: list(counts)}))
     down = algo.download(server)
     assert torch.allclose(down[PROTOS][3], torch.full((64,), 1.75)) and down[PRESENT].tolist()[3] == 1.0

@@ -12,7 +12,7 @@ from mpifl.models.jsbn import JSBatchNorm2d
 from mpifl.plan.clients import ClientSpec
 from mpifl.models import state_entries
 
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 _algo = partial(make_algo, "fedstein")
@@ -64,7 +64,7 @@ def test_aggregate_js_shrinks_the_weighted_mean_of_running_stats_and_averages_th
         tensors = _client_uploads(server, 3, seed=4)
         samples = [10, 30, 60]
         meta = client_meta(samples)
-        algo.aggregate(server, Uploads(clients=np.arange(3), meta=meta, tensors=tensors))
+        aggregate(algo, server, Uploads(clients=np.arange(3), meta=meta, tensors=tensors))
         weights = np.ones(3) if uniform else np.array(samples, dtype=np.float64)
         shrunk = 0
         for key, values in tensors.items():
@@ -89,17 +89,17 @@ def test_running_stats_equal_to_a_plain_mean_only_where_js_leaves_them():
     server = algo.init_server(model.state_dict())
     tensors = {k: [v.numpy().copy(), v.numpy().copy()] for k, v in server.model.items()}
     tensors[key] = [np.full(32, 2.0, np.float32), np.full(32, 4.0, np.float32)]  # no spread across channels
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors=tensors))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([1, 1]), tensors=tensors))
     torch.testing.assert_close(server.model[key], torch.full((32,), 3.0))
     torch.testing.assert_close(server.model["norm2.running_var"], torch.ones(32))  # initial ones: no spread either
     algo, model = _algo(js_sigma2="sampling")
     server = algo.init_server(model.state_dict())
     values = np.linspace(-1, 2, 32).astype(np.float32)
     tensors[key] = [values, values.copy()]  # the clients agree: the mean has no sampling variance
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
     torch.testing.assert_close(server.model[key], torch.from_numpy(values))
     tensors[key] = [values, values + 1]  # they disagree: shrunk
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([1, 3]), tensors=tensors))
     assert server.model[key].norm() < torch.from_numpy(values + 0.75).norm()
 
 
@@ -121,7 +121,7 @@ def test_held_out_global_model_takes_the_clients_averaged_bn_affine_personal_mod
     tensors = {k: [v.numpy().copy()] * 2 for k, v in server.model.items()}
     tensors.update({"fedstein.bn/" + k: [np.full(initial[k].shape, 1.0, np.float32),
                                          np.full(initial[k].shape, 5.0, np.float32)] for k in affine})
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([3, 1]), tensors=tensors))
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([3, 1]), tensors=tensors))
     download = algo.download(server)
     client = algo.init_client(ClientSpec(id=0, domain="mono", rows={"train": np.arange(10)}), initial)
     client.private["norm1.weight"].fill_(3.0)

@@ -13,7 +13,7 @@ from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.models import WSConv2d, adaptive_clip_, state_entries
 
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 _algo = partial(make_algo, "fedwon")
@@ -102,7 +102,7 @@ def test_aggregate_is_the_weighted_mean_of_everything():
     server = algo.init_server(model.state_dict())
     uploads = {k: [np.full(v.shape, 1.0, np.float32), np.full(v.shape, 5.0, np.float32)]
                for k, v in server.model.items()}
-    algo.aggregate(server, Uploads(clients=np.arange(2), meta=client_meta([10, 30]),
+    aggregate(algo, server, Uploads(clients=np.arange(2), meta=client_meta([10, 30]),
                                    tensors=uploads))
     for tensor in server.model.values():
         torch.testing.assert_close(tensor, torch.full_like(tensor, 4.0))

@@ -10,7 +10,7 @@ from mpifl.errors import MpiflError
 from mpifl.models import PerXAN, state_entries
 from mpifl.plan.config import RunConfig
 
-from .helpers import client_meta, make_algo
+from .helpers import aggregate, client_meta, make_algo
 
 
 def _algo(holdout=None, lam=0.5):
@@ -48,7 +48,7 @@ def test_server_averages_uploaded_bn_sides_into_the_global_copy():
                for i, n in enumerate(names)}
     uploads = Uploads(clients=np.arange(2), meta=client_meta([1, 2]),
                       tensors=tensors)
-    algo.aggregate(server, uploads)
+    aggregate(algo, server, uploads)
     down = algo.download(server)
     global_bn = {k: v for k, v in down.items() if k.startswith("gperxan.global_bn/")}
     assert global_bn and all(torch.allclose(v, torch.full_like(v, 3.0)) for v in global_bn.values())

@@ -10,7 +10,7 @@ from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
 from ..models.helpers import input_size
-from .helpers import client_meta, make_algo, run_two_rounds
+from .helpers import aggregate, client_meta, make_algo, run_two_rounds
 
 SMALLCNN_BLOCKS = ["conv1", "conv2", "conv3", "classifier"]
 
@@ -69,7 +69,7 @@ def test_server_averages_the_global_layers_by_sample_count(uniform, expected):
     assert set(server.model) == {"classifier.weight", "classifier.bias"}
     tensors = {k: [np.full(v.shape, 2.0, np.float32), np.full(v.shape, -6.0, np.float32)]
                for k, v in server.model.items()}
-    algo.aggregate(server, _uploads(tensors, [10, 30]))
+    aggregate(algo, server, _uploads(tensors, [10, 30]))
     for value in algo.download(server).values():
         assert torch.allclose(value, torch.full_like(value, expected))
 

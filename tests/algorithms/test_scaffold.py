@@ -11,7 +11,7 @@ from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
 from ..conftest import read_metrics
-from .helpers import client_meta, local_round, make_algo, run_two_rounds
+from .helpers import aggregate, client_meta, local_round, make_algo, run_two_rounds
 
 
 def _spec(cid, n=64):
@@ -55,7 +55,7 @@ def test_with_zero_variates_scaffold_trains_and_aggregates_as_fedavg():
         client = algo.init_client(_spec(0), initial)
         up = local_round(algo, model, client, algo.download(server), 3, batch=(x, y))
         other = {k: np.asarray(v) * 0.5 for k, v in up.items()}
-        algo.aggregate(server, _uploads([up, other], [0, 1], [10, 30], [3, 3]))
+        aggregate(algo, server, _uploads([up, other], [0, 1], [10, 30], [3, 3]))
         results[name] = (up, server.model)
     (sc_up, sc_model), (fa_up, fa_model) = results["scaffold"], results["fedavg"]
     for k, v in fa_up.items():
@@ -103,7 +103,7 @@ def test_server_rule_by_hand():
     ups = [{**{k: rng.normal(size=v.shape).astype(np.float32) for k, v in server.model.items()},
             **{DELTA_C + k: rng.normal(size=server.model[k].shape).astype(np.float32) for k in algo.params}}
            for _ in range(2)]
-    algo.aggregate(server, _uploads(ups, [1, 4], [10, 30], [5, 5]))
+    aggregate(algo, server, _uploads(ups, [1, 4], [10, 30], [5, 5]))
     for k in server.model:
         mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
         expected = x[k] + 0.5 * (mean - x[k]) if k in algo.params else mean  # BN statistics: plain FedAvg
@@ -126,7 +126,7 @@ def test_partial_participation_keeps_unsampled_variates_and_c_stays_their_mean()
         ups = [local_round(algo, model, clients[i], download, 2 + i,
                            lambda m, t=targets[i]: sum(((p - q) ** 2).sum() for p, q in zip(m.parameters(), t)))
                for i in sampled]
-        algo.aggregate(server, _uploads(ups, sampled, [64] * len(sampled), [2 + i for i in sampled]))
+        aggregate(algo, server, _uploads(ups, sampled, [64] * len(sampled), [2 + i for i in sampled]))
         for i in set(range(4)) - set(sampled):
             assert all(torch.equal(clients[i].private[k], before[i][k]) for k in before[i])
         for k in algo.params:
