@@ -32,7 +32,7 @@ from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
 from .run_log import local_val_acc
-from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, records, saved_file
+from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, peak_rss, records, saved_file
 from .run_log import MetricsLog, summarize_eval
 
 
@@ -104,7 +104,7 @@ class Server:
             self.algo.aggregate(self.state, uploads)
             finished = time.perf_counter()
             seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
-            self.log.add_round(self._record(r, messages, uploads, seconds, plan, down.nbytes, {
+            self.log.add_round(self._record(r, messages, uploads, seconds, reports, plan, down.nbytes, {
                 "round": finished - started, "communication": self.comm.seconds_moving - moving,
                 "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
                 "aggregation": finished - aggregated_from}),
@@ -146,8 +146,8 @@ class Server:
             folding.add([messages.summed.unpack(part) for part in parts])
         return folding.sums
 
-    def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, plan: RoundPlan,
-                down_bytes: int, server_seconds: dict) -> dict:
+    def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],
+                plan: RoundPlan, down_bytes: int, server_seconds: dict) -> dict:
         k, meta = len(uploads.clients), uploads.meta
         seen = meta["seen"].sum()
         slowest = {name: float(seconds[field].max()) if len(seconds) else 0.0
@@ -163,4 +163,5 @@ class Server:
             "bytes": {"down": messages.policy_down_bytes * k, "up": messages.policy_up_bytes * k,
                       "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
+            "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports]},
         }

@@ -4,9 +4,10 @@ Down (one ``Bcast``): a header (command, round, which round to evaluate)
 followed by the algorithm's download tensors.
 
 Up, first one ``Gatherv``: each client rank sends, in this order,
-  1. its report: timings (``rank.seconds``), the stop signal it received, if any (``rank.stop``, so that a
-     signal reaching one rank stops the whole job), and, when the header asked it to save, the size and
-     sha256 of the checkpoint file it wrote (``rank.saved_bytes``, ``rank.saved_sha256``),
+  1. its report: timings (``rank.seconds``), its peak resident memory so far (``rank.peak_rss``), the
+     stop signal it received, if any (``rank.stop``, so that a signal reaching one rank stops the whole
+     job), and, when the header asked it to save, the size and sha256 of the checkpoint file it wrote
+     (``rank.saved_bytes``, ``rank.saved_sha256``),
   2. if the header asked for evaluation, one ``client.eval`` block per hosted
      client, ascending id: model kind x split (val, test) x (loss sum,
      correct, count),
@@ -24,6 +25,8 @@ no sizes travel.
 
 from __future__ import annotations
 
+import resource
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -77,6 +80,7 @@ class Messages:
         self.summed = WireLayout([s for s in policy.upload if s.name not in gathered])
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
         self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
+                                TensorSpec("rank.peak_rss", (), torch.int64),
                                 TensorSpec("rank.stop", (), torch.int64),
                                 TensorSpec("rank.saved_bytes", (), torch.int64),
                                 TensorSpec("rank.saved_sha256", (32,), torch.uint8)])
@@ -118,11 +122,18 @@ class Messages:
 
 
 def rank_report(seconds: torch.Tensor, stop_signal: int, saved_bytes: int, saved_sha256: str) -> dict:
-    """A client rank's report, the tensors of :attr:`Messages.rank`: its :data:`RANK_SECONDS` record, the stop
-    signal it received (0: none), and the size and sha256 (hex) of the checkpoint file it wrote (0 and zeros)."""
-    return {"rank.seconds": seconds, "rank.stop": torch.tensor(stop_signal),
+    """A client rank's report, the tensors of :attr:`Messages.rank`: its :data:`RANK_SECONDS` record, its peak
+    resident memory, the stop signal it received (0: none), and the size and sha256 (hex) of the checkpoint
+    file it wrote (0 and zeros)."""
+    return {"rank.seconds": seconds, "rank.peak_rss": torch.tensor(peak_rss()), "rank.stop": torch.tensor(stop_signal),
             "rank.saved_bytes": torch.tensor(saved_bytes),
             "rank.saved_sha256": torch.frombuffer(bytearray.fromhex(saved_sha256), dtype=torch.uint8)}
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (Linux reports kilobytes, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def saved_file(report: dict) -> tuple[int, str]:

@@ -31,10 +31,12 @@ def _args(data_root, out, *extra):
 
 
 def numbers(run_dir) -> list[dict]:
-    """metrics.jsonl without what may differ between identical computations: timings and MPI framing bytes."""
+    """metrics.jsonl without what may differ between identical computations: timings, memory and MPI framing
+    bytes."""
     out = []
     for record in read_metrics(run_dir):
         record.pop("seconds")
+        record.pop("memory")
         record["bytes"] = {k: record["bytes"][k] for k in ("down", "up")}
         out.append(record)
     return out

@@ -31,6 +31,8 @@ def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
     assert records[0]["bytes"]["down"] == records[0]["bytes"]["up"] > 0
     assert {"round", "compute", "data", "communication", "waiting", "waiting_cpu", "evaluation",
             "aggregation"} == set(records[0]["seconds"])
+    peaks = [r["memory"]["peak_rss"] for r in records]  # rank 0 and the client host, bytes, never falling
+    assert all(len(p) == 2 and min(p) > 10 << 20 for p in peaks) and peaks == sorted(peaks)
     rows = list(csv.DictReader((run / "summary.csv").open()))
     assert sorted(r["domain"] for r in rows) == ["mean", "mono", "outline", "paper", "street", "texture"]
     summary = (run / "summary.md").read_text()
@@ -40,8 +42,8 @@ def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
 
 
 def _numbers(records):
-    """Everything but timings: must not depend on the number of ranks."""
-    return [{k: v for k, v in r.items() if k not in ("seconds", "bytes")} | {"bytes": {
+    """Everything but timings and memory: must not depend on the number of ranks."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "memory", "bytes")} | {"bytes": {
         k: v for k, v in r["bytes"].items() if not k.startswith("wire")}} for r in records]
 
 
@@ -61,8 +63,8 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
     assert all(numbers == _numbers(in_process) for numbers in results.values())
     assert len(results[ranks[0]][0]["clients"]) == 5  # 10 clients, fraction 0.5
     if 2 in ranks:  # one client host, as in one process: the wire bytes too
-        assert [{k: v for k, v in r.items() if k != "seconds"} for r in in_process] == \
-            [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "n2")]
+        assert [{k: v for k, v in r.items() if k not in ("seconds", "memory")} for r in in_process] == \
+            [{k: v for k, v in r.items() if k not in ("seconds", "memory")} for r in read_metrics(tmp_path / "n2")]
 
 
 def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_path):
@@ -153,7 +155,9 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
     per_client = [int(line.split(" bytes per client")[0].rsplit(" ", 1)[1].replace(",", ""))
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
-    header, meta, report = 3 * 8, 7 * 8, 3 * 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
+    gathered = int(manifest.stdout.split("gathered whole by rank 0")[1].split(" tensors, ")[1].split(" bytes")[0]
+                   .replace(",", ""))
+    header, meta, report = 3 * 8, 7 * 8, 3 * 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
     eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
     for record in read_metrics(run):
         k = len(record["clients"])
@@ -161,7 +165,8 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
         assert record["bytes"]["wire_down"] == padded(per_client[0] + header)  # to the one client host
         assert k == 5
         evaluated = 10 if record["round"] > 1 else 0  # round r's message carries round r-1's evaluation
-        assert record["bytes"]["wire_up"] == report + k * padded(per_client[1] + meta) + evaluated * eval_block
+        assert record["bytes"]["wire_up"] == (report + k * padded(gathered + meta) + evaluated * eval_block
+                                              + k * padded(per_client[1] - gathered))  # the gather, then the rest
 
 
 def test_gperxan_selects_the_best_round_by_its_clients_post_training_validation(data_root, tmp_path):

@@ -52,6 +52,36 @@ def test_bcast_and_gatherv_move_the_bytes_as_mpi_does(as_buffer):
     assert out[1][1] is None and out[2][1] is None
 
 
+def test_messages_to_rank_0_arrive_in_each_senders_order_and_a_silent_sender_times_out():
+    def body(comm):
+        if comm.rank:
+            for i in range(3):
+                comm.send(np.full(7, 10 * comm.rank + i, np.uint8))
+            return None
+        order = [(r, i) for i in range(3) for r in (2, 1)]
+        bufs = [np.zeros(7, np.uint8) for _ in order]
+        comm.receive(bufs[:4], [r for r, _ in order[:4]])
+        comm.receive(bufs[4:], [r for r, _ in order[4:]])
+        with pytest.raises(MpiflError, match=r"waiting for a client's upload: rank 1 \(pid"):
+            comm.receive([np.zeros(7, np.uint8)], [1])
+        return [int(b[0]) for b in bufs]
+
+    assert _world(3, body, timeout=0.3)[0] == [20, 10, 21, 11, 22, 12]
+
+
+def test_a_failed_world_releases_a_rank_blocked_on_a_message():
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.2)
+            comm.room.fail(3)
+            return None
+        with pytest.raises(SystemExit) as stopped:
+            comm.receive([np.zeros(1, np.uint8)], [1])
+        return stopped.value.code
+
+    assert _world(2, body)[0] == 3
+
+
 def test_objects_are_copies_in_rank_order():
     shared = {"a": [1]}
 

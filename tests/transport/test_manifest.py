@@ -52,3 +52,15 @@ def test_fedmix_mean_images_are_marked_in_the_printed_manifest(data_root):
     setup = [l for l in job.stdout.splitlines() if l.startswith("setup exchange")]
     assert len(setup) == 1 and setup[0].endswith("data-derived: mean images of the client's training images and "
                                                  "their mean labels")
+
+
+def test_gathered_uploads_are_marked_and_counted():
+    weight = TensorSpec("fc.weight", (4, 2), torch.float32)
+    stats = TensorSpec("x.stats", (2, 3), torch.float32)
+    text = format_manifest("demo", SharePolicy(download=[weight], upload=[weight, stats], private=[],
+                                               gathered=("x.stats",)), 2)
+    upload = text.split("upload (client -> server)")[1].splitlines()
+    assert [l.split()[0] for l in upload if l.endswith("gathered")] == ["x.stats"]
+    assert "gathered whole by rank 0 (the rest is folded into sums as it arrives): 1 tensors, 24 bytes" in text
+    stein, _ = make_algo("fedstein")
+    assert set(stein.policy().gathered) == {s.name for s in stein.policy().upload if "running" in s.name}

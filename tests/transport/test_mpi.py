@@ -25,8 +25,25 @@ def check(max_count, as_buffer):
         assert all((g == r).all() for r, g in enumerate(got)), "content"
     return True
 
+def check_messages(max_count, as_buffer):
+    """Every client rank sends 3 messages; rank 0 receives them interleaved, 2 at a time, in each rank's order."""
+    comm = MpiComm(MPI.COMM_WORLD, max_count=max_count)
+    n = 5003
+    if comm.rank:
+        for i in range(3):
+            comm.send(as_buffer(np.full(n, 10 * comm.rank + i, np.uint8)))
+        return True
+    order = [(r, i) for i in range(3) for r in range(1, comm.size)]
+    for start in range(0, len(order), 2):
+        part = order[start:start + 2]
+        bufs = [as_buffer(np.zeros(n, np.uint8)) for _ in part]
+        comm.receive(bufs, [r for r, _ in part])
+        assert all((np.asarray(b) == 10 * r + i).all() for b, (r, i) in zip(bufs, part)), "message order"
+    return True
+
 for as_buffer in (np.asarray, torch.from_numpy):  # numpy arrays, and tensors as GPU buffers would be
     assert check(2**31 - 1, as_buffer) and check(1000, as_buffer) and check(7, as_buffer)
+    assert check_messages(2**31 - 1, as_buffer) and check_messages(1000, as_buffer)
 layout = MpiComm().node_layout()
 assert layout.node_ranks == tuple(range(MPI.COMM_WORLD.size))
 assert layout.client_ranks == tuple(range(1, MPI.COMM_WORLD.size))
@@ -36,7 +53,7 @@ if MPI.COMM_WORLD.rank == 0:
 '''
 
 
-def test_bcast_and_gatherv_small_and_above_the_count_limit(tmp_path):
+def test_collectives_and_messages_small_and_above_the_count_limit(tmp_path):
     script = tmp_path / "comm_check.py"
     script.write_text(SCRIPT)
     job = launch(3, script=script, timeout=120)
