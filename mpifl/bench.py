@@ -1,6 +1,7 @@
-"""``python -m mpifl.bench``: the simulator's own cost next to the training it runs.
+"""``python -m mpifl.bench``: the simulator's own cost next to the training it runs, and its memory with
+many clients.
 
-Runs the same local SGD steps four ways and reports seconds per round:
+``--case cross-silo`` (the default) runs the same local SGD steps four ways and reports seconds per round:
 
 (a) **bare**: one Python process, a plain PyTorch loop over the clients of a
     round (same data, model, batches, optimizer) plus the weighted average
@@ -30,6 +31,18 @@ the 5-domain default data 10 equal clients, an even split, so the measured
 speedup shows the simulator's cost rather than the placement's; the
 bound and the parallel efficiency (speedup / bound) are reported alongside.
 
+The ratio of each way to the **placement's bound**, the bare loop over the
+busiest rank's clients (bare / speedup bound), is what the simulator adds
+to the training it cannot avoid.  ``--eval-every 1`` evaluates every round,
+in the bare loop the same global model on every client's val and test
+splits.
+
+``--case many-clients`` runs ``--algos`` with ``--clients-per-domain`` clients per domain (1,000 on the
+5-domain default data with 200), each ``--fractions`` of them per round, under ``mpirun`` with
+``--client-ranks`` client ranks, and reports seconds per round and every rank's peak resident memory (the
+runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the smallest (the clients of a
+round do not pass through rank 0's memory at once: aggregation is a reduction).
+
 Prints a table and writes JSON.  This is a benchmark, not a test: it
 asserts nothing.
 """
@@ -52,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from .client.client_data import load_client_data
+from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
 from .algorithms.reduction import weighted_sum
 from .plan.config import RunConfig
@@ -70,8 +84,9 @@ def bench_session(data_root: str, data: str, model_name: str, clients_per_domain
 
 
 def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: int, lr: float, threads: int,
-                       device: torch.device) -> list[float]:
-    """Seconds per round of a plain single-process FedAvg loop over the session's clients."""
+                       device: torch.device, eval_every: int = 0) -> list[float]:
+    """Seconds per round of a plain single-process FedAvg loop over the session's clients; every
+    ``eval_every`` rounds (0: never) it first evaluates the global model on every client's val and test."""
     torch.set_num_threads(threads)
     manifest, clients, model_name = session.manifest, session.clients, session.cfg.model
     tensors = load_client_data(session.cfg.data_root, manifest, clients, device)
@@ -82,6 +97,11 @@ def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: i
     times = []
     for r in range(rounds):
         start = time.perf_counter()
+        if eval_every and r > 0 and r % eval_every == 0:
+            model.load_state_dict(global_state)
+            for client in clients:
+                for split in ("val", "test"):
+                    evaluate(model, tensors[client.id], split, session.cfg.eval_batch_size)
         states, sizes = [], []
         for client in clients:
             model.load_state_dict(global_state)
@@ -106,15 +126,17 @@ def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: i
 
 def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
                      batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
-                     device: str, out: Path) -> list[dict]:
-    """Each round's record (seconds and bytes) from a real run of mpifl.run: under mpirun with
-    ``client_ranks`` client ranks, or in one process (None)."""
+                     device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = ()) -> list[dict]:
+    """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under mpirun with
+    ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
+    only; ``extra``: more options of mpifl.run."""
     here = Path(sys.executable).parent / "mpirun"
     launcher = [] if client_ranks is None else [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1)]
     cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
-           "--eval-every", str(rounds + 1), "--out", str(out), "--threads", str(threads), "--device", device]
+           "--eval-every", str(eval_every or rounds + 1), "--out", str(out), "--threads", str(threads),
+           "--device", device, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -129,12 +151,13 @@ def speedup_bound(sizes: list[int], client_ranks: int) -> float:
 
 def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
     """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
-    tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes, and per rank
-    its report (``rank.seconds`` and the rest of its fixed record)."""
+    tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes of its gathered
+    and of its summed part, and per rank its report (``rank.seconds`` and the rest of its fixed record)."""
     clients = len(session.clients)
     per_client = sum(s.nbytes for s in session.algo.policy().upload)
     messages = session.messages()
-    metadata = (messages.client.nbytes - per_client) * clients + messages.rank.nbytes * client_ranks
+    metadata = ((messages.client.nbytes + messages.summed.nbytes - per_client) * clients
+                + messages.rank.nbytes * client_ranks)
     return {"manifest_up": per_client * clients, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
             "matches_manifest": measured["wire_up"] == per_client * clients + metadata}
 
@@ -142,7 +165,27 @@ def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
 SPLIT = ("compute", "data", "communication", "waiting", "waiting_cpu", "aggregation", "evaluation")
 
 
+def many_clients(algos: list[str], fractions: list[float], client_ranks: int, run_options: dict,
+                 private_memory: float, out: Path) -> list[dict]:
+    """For each method and fraction of clients per round, from a real run under mpirun: seconds per round
+    (every round; the first also creates the round's private state) and every rank's peak resident memory
+    (rank 0 first)."""
+    rows = []
+    for algo in algos:
+        for fraction in fractions:
+            records = simulator_rounds(client_ranks, **run_options, out=out / f"{algo}-{fraction}", extra=(
+                "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)))
+            rows.append({"algo": algo, "fraction": fraction, "clients_per_round": len(records[-1]["clients"]),
+                         "seconds_per_round": [r["seconds"]["round"] for r in records],
+                         "peak_rss_bytes": records[-1]["memory"]["peak_rss"],
+                         "wire_up_bytes_per_round": records[-1]["bytes"]["wire_up"]})
+    return rows
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--case", type=click.Choice(["cross-silo", "many-clients"]), default="cross-silo", show_default=True,
+              help="cross-silo: the simulator's time against a bare loop; many-clients: time and memory with "
+                   "many clients (see the module's docstring)")
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
@@ -163,14 +206,33 @@ SPLIT = ("compute", "data", "communication", "waiting", "waiting_cpu", "aggregat
 @click.option("--threads", default=0, show_default=True,
               help="torch threads per process: 0 = mpifl's automatic choice (the bare loop then uses every core); "
                    "1 measures how the simulator scales with ranks at a fixed per-rank cost")
+@click.option("--algo", default="fedavg", show_default=True,
+              help="cross-silo: the method mpifl runs (the bare loop is FedAvg's)")
+@click.option("--eval-every", default=0, show_default=True,
+              help="cross-silo: evaluate every N rounds, in mpifl and the bare loop alike (0: after the last only)")
+@click.option("--algos", default="fedwon,scaffold,singleset", show_default=True,
+              help="many-clients: comma list of methods")
+@click.option("--fractions", default="0.01,0.1", show_default=True,
+              help="many-clients: comma list of fractions of clients per round")
+@click.option("--private-memory", default=8.0, show_default=True, help="many-clients: mpifl.run's --private-memory")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
-def main(data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds, repeats,
-         local_epochs, batch_size, lr, threads, json_out):
-    """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks."""
+def main(case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
+         repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, json_out):
+    """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
+    memory with many clients (--case many-clients)."""
     if rounds < 2 or repeats < 1:
         raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
     ranks = sorted({1, *(int(k) for k in client_ranks.split(","))})
     data_root = str(data_root or default_data_root())
+    if case == "many-clients":
+        run_options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
+                           batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
+                           samples_per_client=samples_per_client, device="cpu" if device == "auto" else device)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = many_clients(algos.split(","), [float(f) for f in fractions.split(",")], ranks[-1], run_options,
+                                private_memory, Path(tmp))
+        report_many_clients(rows, ranks[-1], run_options, json_out)
+        return
     cores = len(os.sched_getaffinity(0))
     on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
@@ -181,12 +243,13 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
-                                       bare_device)[1:]
+                                       bare_device, eval_every)[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
-                                            device, Path(tmp) / f"ranks{k}-{repeat}")[1:]
+                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, ("--algo", algo))[1:]
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
-                                           samples_per_client, device, Path(tmp) / f"in-process-{repeat}")[1:]
+                                           samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
+                                           ("--algo", algo))[1:]
     images = sum(sizes) * local_epochs
     bare_s = statistics.median(bare)
     sim_s = {k: statistics.median(r["seconds"]["round"] for r in v) for k, v in sims.items()}
@@ -195,13 +258,15 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
     split = {k: {f: statistics.median(r["seconds"][f] for r in v) for f in SPLIT} for k, v in sims.items()}
     scaling = {k: {"speedup": sim_s[1] / sim_s[k], "bound": speedup_bound(sizes, k),
                    "efficiency": sim_s[1] / sim_s[k] / speedup_bound(sizes, k)} for k in ranks[1:]}
+    to_bound = {k: sim_s[k] * speedup_bound(sizes, k) / bare_s for k in ranks}  # over the busiest rank's bare loop
     result = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cores": cores, "gpu": torch.cuda.get_device_name(0) if on_gpu else None,
                     "torch": torch.__version__},
         "workload": {"data": data, "model": model_name, "clients": len(sizes), "train_samples": sum(sizes),
                      "rounds": rounds, "repeats": repeats, "local_epochs": local_epochs, "batch_size": batch_size,
-                     "threads_per_process": threads or "auto", "device": str(bare_device)},
+                     "threads_per_process": threads or "auto", "device": str(bare_device), "algo": algo,
+                     "eval_every": eval_every},
         "seconds_per_round": {"bare": bare_s, **{f"mpifl_{k}_ranks": v for k, v in sim_s.items()},
                               "mpifl_in_process": one_process},
         "images_per_second": {"bare": images / bare_s, **{f"mpifl_{k}_ranks": images / v for k, v in sim_s.items()},
@@ -212,6 +277,7 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
         "ratio_mpifl_1_rank_to_bare": sim_s[1] / bare_s,
         "ratio_mpifl_in_process_to_bare": one_process / bare_s,
         "ratio_of_fastest_rounds": fastest[1] / min(bare),
+        "ratio_to_placement_bound": {f"{k}_ranks": v for k, v in to_bound.items()},
         "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
         "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
@@ -229,7 +295,7 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
             line += f"   ratio to bare {sim_s[1] / bare_s:5.3f} (fastest rounds: {fastest[1] / min(bare):5.3f})"
         else:
             line += (f"   speedup 1->{k} {scaling[k]['speedup']:5.2f}x (placement allows {scaling[k]['bound']:.2f}x: "
-                     f"efficiency {scaling[k]['efficiency']:.1%})")
+                     f"efficiency {scaling[k]['efficiency']:.1%}); {to_bound[k]:5.3f}x the busiest rank's bare loop")
         click.echo(line)
     click.echo(f"  mpifl, in one process  {one_process:8.3f} s/round  {images / one_process:8.0f} images/s   "
                f"ratio to bare {one_process / bare_s:5.3f}")
@@ -239,6 +305,25 @@ def main(data, data_root, model_name, clients_per_domain, samples_per_client, cl
         click.echo(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
                    f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata and padding "
                    f"({'as expected' if v['matches_manifest'] else 'MISMATCH'})")
+    click.echo(f"results written to {json_out}")
+
+
+def report_many_clients(rows: list[dict], client_ranks: int, run_options: dict, json_out: str) -> None:
+    """The many-clients table on stdout and in ``json_out``."""
+    smallest = {}
+    for row in rows:
+        smallest.setdefault(row["algo"], row["peak_rss_bytes"][0])
+        row["rank0_peak_over_smallest_fraction"] = row["peak_rss_bytes"][0] / smallest[row["algo"]]
+    Path(json_out).write_text(json.dumps({
+        "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__},
+        "workload": {**run_options, "client_ranks": client_ranks}, "runs": rows}, indent=2) + "\n")
+    click.echo(f"{run_options['model_name']} on {run_options['data']}, {run_options['clients_per_domain']} clients per "
+               f"domain, batch {run_options['batch_size']}, {client_ranks} client ranks, {run_options['rounds']} rounds")
+    for row in rows:
+        click.echo(f"  {row['algo']:<10} C = {row['fraction']:<5} K = {row['clients_per_round']:<5} s/round "
+                   + ", ".join(f"{s:.1f}" for s in row["seconds_per_round"]) + "   peak GB per rank "
+                   + " / ".join(f"{b / 1e9:.2f}" for b in row["peak_rss_bytes"])
+                   + f"   rank 0 x{row['rank0_peak_over_smallest_fraction']:.2f} of its smallest C")
     click.echo(f"results written to {json_out}")
 
 

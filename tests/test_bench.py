@@ -29,3 +29,21 @@ def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, dat
     for ranks, wire in result["bytes_per_round"].items():
         assert wire["matches_manifest"], (ranks, wire)
     assert "as expected" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert set(result["ratio_to_placement_bound"]) == {"1_ranks", "2_ranks"}
+    assert result["ratio_to_placement_bound"]["1_ranks"] == pytest.approx(result["ratio_mpifl_1_rank_to_bare"])
+
+
+def test_many_clients_case_reports_time_and_every_ranks_peak_memory(tmp_path, data_root):
+    out = tmp_path / "many.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpifl.bench", "--case", "many-clients", "--data-root", str(data_root), "--model",
+         "smallcnn", "--clients-per-domain", "4", "--samples-per-client", "8", "--algos", "fedavg,scaffold",
+         "--fractions", "0.1,0.5", "--rounds", "2", "--json-out", str(out)], capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["algo"], r["clients_per_round"]) for r in runs] == [("fedavg", 2), ("fedavg", 10), ("scaffold", 2),
+                                                                     ("scaffold", 10)]
+    assert all(len(r["seconds_per_round"]) == 2 and len(r["peak_rss_bytes"]) == 3 and min(r["peak_rss_bytes"]) > 0
+               for r in runs)
+    assert runs[0]["rank0_peak_over_smallest_fraction"] == 1.0 and "scaffold   C = 0.5" in proc.stdout
