@@ -31,6 +31,10 @@ def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, dat
     assert "as expected" in proc.stdout and "MISMATCH" not in proc.stdout
     assert set(result["ratio_to_placement_bound"]) == {"1_ranks", "2_ranks"}
     assert result["ratio_to_placement_bound"]["1_ranks"] == pytest.approx(result["ratio_mpifl_1_rank_to_bare"])
+    placed = result["placed_bare_seconds_per_round"]
+    assert placed["1_ranks"] == result["seconds_per_round"]["bare"] and placed["2_ranks"] > 0
+    assert result["ratio_to_placement_bound"]["2_ranks"] == pytest.approx(
+        result["seconds_per_round"]["mpifl_2_ranks"] / placed["2_ranks"])
 
 
 def test_many_clients_case_reports_time_and_every_ranks_peak_memory(tmp_path, data_root):

@@ -2,9 +2,9 @@
 
 Round r (README, "How a run works"): sample the clients, broadcast the header and the download, gather
 the clients' records and small uploads, fold the others into the algorithm's sums as they arrive
-(:mod:`mpifl.algorithms.reduction`), aggregate.  Evaluation rides on the next message: the download of round r+1 is the global
-model after round r, so its header asks the clients to evaluate it first, and their scores come back in
-the same gather as the round's uploads.  A final message after the last round only evaluates, then every
+(:mod:`mpifl.algorithms.reduction`), aggregate.  Evaluation rides on the next message: the download of
+round r+1 is the global model after round r, so its header asks the clients to evaluate it first, and
+their scores come back in the same gather as the round's records.  A final message after the last round only evaluates, then every
 rank stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
 
 Checkpoints (:mod:`mpifl.job.checkpoint`) ride on messages too: the message of round r+1 carries the
@@ -32,7 +32,8 @@ from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
 from .run_log import local_val_acc
-from ..transport.messages import CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, peak_rss, records, saved_file
+from ..transport.messages import (CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, peak_rss, records,
+                                  saved_file)
 from .run_log import MetricsLog, summarize_eval
 
 
@@ -161,7 +162,8 @@ class Server:
             "clients": uploads.clients.tolist(),
             "train": train,
             "bytes": {"down": messages.policy_down_bytes * k, "up": messages.policy_up_bytes * k,
-                      "wire_down": down_bytes * (self.comm.size - 1), "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
+                      "wire_down": down_bytes * (self.comm.size - 1),
+                      "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports]},
         }

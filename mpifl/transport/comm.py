@@ -6,14 +6,15 @@ Two implementations:
 * :class:`~mpifl.transport.inprocess.ThreadComm`, every rank a thread of one process, for a run started
   without a launcher (a debugger, a notebook, a laptop without MPI).
 
-Both move the same bytes in the same order, so a run gives the same numbers over either.  Per round there
-are two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`Comm.bcast` from rank 0
-and :meth:`Comm.gatherv` to rank 0, then one message per trained client to rank 0 (:meth:`Comm.send`,
-:meth:`Comm.receive`), which rank 0 receives in client-id order, a few at a time.  The ``*_object`` collectives carry a few small Python objects during
-set-up only.  Each collective is preceded by :meth:`Comm.arrive`, a barrier that waits without spinning
-(the time is counted in ``seconds_waiting``); the bytes then move at full speed (``seconds_moving``).  A barrier
-knows which ranks have arrived, so a rank that gives up waiting (``timeout``, ``--round-timeout``) names the
-ranks that did not come, with their pid and host (:meth:`Comm.describe`).
+Both move the same bytes in the same order, so a run gives the same numbers over either. Per round there are
+two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`Comm.bcast` from rank 0 and
+:meth:`Comm.gatherv` to rank 0, then one message per trained client to rank 0 (:meth:`Comm.send`,
+:meth:`Comm.receive`), which rank 0 receives in client-id order, a few at a time. The ``*_object`` collectives
+carry a few small Python objects during set-up only. Each collective is preceded by :meth:`Comm.arrive`, a
+barrier that waits without spinning (the time is counted in ``seconds_waiting``); the bytes then move at full
+speed (``seconds_moving``). A barrier knows which ranks have arrived, so a rank that gives up waiting
+(``timeout``, ``--round-timeout``) names the ranks that did not come, with their pid and host
+(:meth:`Comm.describe`).
 """
 
 from __future__ import annotations
