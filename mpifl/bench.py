@@ -173,15 +173,16 @@ def speedup_bound(sizes: list[int], client_ranks: int) -> float:
     return sum(sizes) / max(sum(sizes[c] for c in host) for host in place_clients(sizes, client_ranks))
 
 
-def wire_bytes(session: Session, measured: dict, client_ranks: int) -> dict:
+def wire_bytes(session: Session, measured: dict, client_ranks: int, evaluated: bool = False) -> dict:
     """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
     tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes of its gathered
-    and of its summed part, and per rank its report (``rank.seconds`` and the rest of its fixed record)."""
+    and of its summed part, per rank its report (``rank.seconds`` and the rest of its fixed record), and,
+    when the round's message carried an evaluation (``evaluated``), every client's scores."""
     clients = len(session.clients)
     per_client = sum(s.nbytes for s in session.algo.policy().upload)
     messages = session.messages()
     metadata = ((messages.client.nbytes + messages.summed.nbytes - per_client) * clients
-                + messages.rank.nbytes * client_ranks)
+                + messages.rank.nbytes * client_ranks + (messages.eval.nbytes * clients if evaluated else 0))
     return {"manifest_up": per_client * clients, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
             "matches_manifest": measured["wire_up"] == per_client * clients + metadata}
 
@@ -289,6 +290,7 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                    "efficiency": sim_s[1] / sim_s[k] / speedup_bound(sizes, k)} for k in ranks[1:]}
     bound_s = {1: bare_s, **{k: statistics.median(v) for k, v in placed.items()}}  # the placement's bare loops
     to_bound = {k: sim_s[k] / bound_s[k] for k in ranks}
+    last_evaluated = bool(eval_every) and (rounds - 1) % eval_every == 0  # the last message carries round R-1's
     result = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cores": cores, "gpu": torch.cuda.get_device_name(0) if on_gpu else None,
@@ -311,8 +313,9 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
         "ratio_to_placement_bound": {f"{k}_ranks": v for k, v in to_bound.items()},
         "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
-        "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k) for k, v in sims.items()},
-                            "in_process": wire_bytes(session, in_process[-1]["bytes"], 1)},
+        "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k, last_evaluated)
+                               for k, v in sims.items()},
+                            "in_process": wire_bytes(session, in_process[-1]["bytes"], 1, last_evaluated)},
     }
     Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     click.echo(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "

@@ -13,11 +13,13 @@ def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with
     assert speedup_bound(sizes, ranks) == pytest.approx(bound)
 
 
-def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
+@pytest.mark.parametrize("eval_every", ["0", "1"])
+def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, data_root, eval_every):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "mpifl.bench", "--data-root", str(data_root), "--model", "smallcnn",
-         "--samples-per-client", "8", "--rounds", "2", "--repeats", "1", "--json-out", str(out)],
+         "--samples-per-client", "8", "--rounds", "2", "--repeats", "1", "--eval-every", eval_every,
+         "--json-out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
