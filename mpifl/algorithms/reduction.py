@@ -31,7 +31,7 @@ class Reduction:
     """sum_k c_k x_k of the uploaded tensor ``upload`` over the round's clients (client-id order)."""
 
     upload: str
-    coefficients: np.ndarray  # (K,) float64, one per client of the round
+    coefficients: Sequence[float]  # (K,): one per client of the round, in client-id order
 
 
 def mean_weights(weights: np.ndarray) -> np.ndarray:
