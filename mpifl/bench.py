@@ -132,12 +132,12 @@ def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: i
     return times
 
 
-def placed_bare_rounds(client_ranks: int, session_args: tuple, loop_args: tuple) -> list[float]:
+def placed_bare_rounds(client_ranks: int, sizes: list[int], session_args: tuple, loop_args: tuple) -> list[float]:
     """Seconds per round of the bare loop run as the placement runs the clients: one process per client
     rank, all at once, each over that rank's clients; a round lasts as long as its slowest process.  On a
     machine whose cores slow each other down (shared caches, memory bandwidth, hyperthreads) this, not the
-    one-process loop divided by the speedup bound, is what the placement allows."""
-    sizes = [c.num_train for c in bench_session(*session_args).clients]
+    one-process loop divided by the speedup bound, is what the placement allows.  ``sizes``: the clients'
+    training samples, as placed."""
     hosts = place_clients(sizes, client_ranks)
     with multiprocessing.get_context("spawn").Pool(client_ranks) as pool:
         per_host = pool.starmap(_bare_on_host, [(session_args, loop_args, host) for host in hosts])
@@ -254,8 +254,8 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                            batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
                            samples_per_client=samples_per_client, device="cpu" if device == "auto" else device)
         with tempfile.TemporaryDirectory() as tmp:
-            rows = many_clients(algos.split(","), [float(f) for f in fractions.split(",")], ranks[-1], run_options,
-                                private_memory, Path(tmp))
+            rows = many_clients(algos.split(","), sorted(float(f) for f in fractions.split(",")), ranks[-1],
+                                run_options, private_memory, Path(tmp))
         report_many_clients(rows, ranks[-1], run_options, json_out)
         return
     cores = len(os.sched_getaffinity(0))
@@ -271,7 +271,7 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
                                        bare_device, eval_every)[1:]
             for k in ranks[1:]:
-                placed[k] += placed_bare_rounds(k, session_args, (rounds, local_epochs, batch_size, lr,
+                placed[k] += placed_bare_rounds(k, sizes, session_args, (rounds, local_epochs, batch_size, lr,
                                                                   threads or max(1, cores // k), bare_device,
                                                                   eval_every))[1:]
             for k in ranks:

@@ -66,9 +66,8 @@ class Comm:
     def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:
         """Broadcast ``buf`` (uint8, the same size on every rank) from rank 0, in place."""
         self.arrive(what)
-        start = time.perf_counter()
-        self._bcast(buf)
-        self.seconds_moving += time.perf_counter() - start
+        with self._moving():
+            self._bcast(buf)
 
     def gatherv(self, sendbuf: Buffer, counts: list[int],
                 what: str = "the clients' uploads") -> list[Buffer] | None:
@@ -80,23 +79,26 @@ class Comm:
         if sendbuf.nbytes != counts[self.rank]:
             raise RuntimeError(f"rank {self.rank} sends {sendbuf.nbytes} bytes, expected {counts[self.rank]}")
         self.arrive(what)
-        start = time.perf_counter()
-        segments = self._gatherv(sendbuf, counts)
-        self.seconds_moving += time.perf_counter() - start
-        return segments
+        with self._moving():
+            return self._gatherv(sendbuf, counts)
 
     def send(self, buf: Buffer, what: str = "the server's fold of the uploads") -> None:
         """Send ``buf`` to rank 0; returns once rank 0 has received it (``buf`` may then be reused).  A
         rank's messages arrive in the order it sent them."""
-        start = time.perf_counter()
-        self._send(buf, what)
-        self.seconds_moving += time.perf_counter() - start
+        with self._moving():
+            self._send(buf, what)
 
     def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload") -> None:
         """On rank 0: fill ``bufs[i]`` with the next message of rank ``sources[i]``, all at once (several
         from one rank fill in its sending order)."""
+        with self._moving():
+            self._receive(bufs, sources, what)
+
+    @contextlib.contextmanager
+    def _moving(self):
+        """Count the time inside as bytes moving (``seconds_moving``)."""
         start = time.perf_counter()
-        self._receive(bufs, sources, what)
+        yield
         self.seconds_moving += time.perf_counter() - start
 
     # ------------------------------------------------------------ set-up only
