@@ -3,7 +3,9 @@ directory (whose converter may have died).
 
 The claim is an ``flock`` on ``<directory>/.mpifl-lock``.  The kernel drops it when the holding process ends,
 however it ends (SIGKILL and the OOM killer included), so a lock file that a crash left behind holds nothing and
-is taken over: a stale claim is recognized without guessing from pids.  The holder writes who it is into the file
+is taken over: a stale claim is recognized without guessing from pids.  A new lock file is locked before it
+appears at its path (it is made under a private name and hard-linked into place), so no one finds a live
+creator's file free in the moment between making and locking it.  The holder writes who it is into the file
 (:meth:`DirectoryLock.describe`) for the message of whoever is refused.  Releasing removes the file, while still
 holding it, once it is the holder's own (created or described by it: a stale file is left as it was by a claim
 that ends without using the directory); :func:`try_lock` re-checks, once it holds a lock, that the file it locked
@@ -11,7 +13,7 @@ is still the one at the path, so a process that opened the file just before its 
 the directory.
 
 ``flock`` is kept by NFS (as a POSIX lock) and by Lustre mounted with ``flock``; where the file system has no
-locks at all (:class:`LocksUnsupported`), the caller decides what it can still promise.
+locks at all, or no hard links (:class:`LocksUnsupported`), the caller decides what it can still promise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import datetime
 import errno
 import fcntl
 import os
+import secrets
 import socket
 from pathlib import Path
 
@@ -64,34 +67,63 @@ def try_lock(directory: Path) -> DirectoryLock | None:
     """Claim the existing ``directory``; None while a live process holds it.  Raises :class:`LocksUnsupported`."""
     path = Path(directory) / LOCK_NAME
     while True:
+        fd = _publish_locked(path)
+        if fd is not None:
+            return DirectoryLock(Path(directory), fd, created=True)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            created = True
-        except FileExistsError:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:  # released between the two opens
-                continue
-            created = False
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:  # released between the two attempts
+            continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd, directory)
         except BlockingIOError:
             os.close(fd)
             return None
-        except OSError as exc:
+        except BaseException:
             os.close(fd)
-            if created:
-                path.unlink(missing_ok=True)
-            if exc.errno in _NO_LOCKS:
-                raise LocksUnsupported(exc.errno, f"the file system of {directory} has no file locks") from None
             raise
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             same = False
         if same:
-            return DirectoryLock(Path(directory), fd, created)
+            return DirectoryLock(Path(directory), fd, created=False)
         os.close(fd)  # the file we locked was released and removed meanwhile: claim the new one
+
+
+def _publish_locked(path: Path) -> int | None:
+    """A new lock file at ``path`` that is locked before it appears there (made under a private name, locked, then
+    hard-linked into place), so that no one ever finds a live creator's lock file free; None if one is there."""
+    private = path.with_name(f"{LOCK_NAME}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(private, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        _flock(fd, path.parent)
+        try:
+            os.link(private, path)
+        except OSError as exc:
+            if exc.errno in _NO_LOCKS + (errno.EPERM,):
+                raise LocksUnsupported(exc.errno, f"the file system of {path.parent} has no hard links") from None
+            raise
+    except FileExistsError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        private.unlink(missing_ok=True)
+    return fd
+
+
+def _flock(fd: int, directory) -> None:
+    """Take ``flock`` on ``fd`` without waiting (BlockingIOError: held); a file system without file locks raises
+    :class:`LocksUnsupported`."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            raise LocksUnsupported(exc.errno, f"the file system of {directory} has no file locks") from None
+        raise
 
 
 def holder(directory: Path) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
 import sys
 
-from mpifl.dirlock import LOCK_NAME, holder, try_lock
+import pytest
+
+from mpifl.dirlock import LOCK_NAME, LocksUnsupported, holder, try_lock
 
 from .conftest import REPO
 
@@ -36,3 +39,13 @@ def test_the_claim_of_a_killed_process_is_taken_over_and_its_lock_file_left_as_i
     assert lock is not None and not lock.owned
     lock.release()  # a claim that used nothing leaves the file as it found it
     assert (tmp_path / LOCK_NAME).read_text() == stale
+
+
+def test_a_file_system_without_hard_links_counts_as_one_without_locks_and_keeps_nothing(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(LocksUnsupported, match="has no hard links"):
+        try_lock(tmp_path)
+    assert list(tmp_path.iterdir()) == []

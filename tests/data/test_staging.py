@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 import time
 
 from mpifl.data.folders import convert_folders
-from mpifl.data.staging import UNCLAIMED_STALE_SECONDS, remove_stale
+from mpifl.data.staging import UNCLAIMED_STALE_SECONDS, remove_stale, staging_dir
 from mpifl.dirlock import LOCK_NAME
 
 from ..conftest import REPO
@@ -56,3 +57,21 @@ def test_an_unclaimed_staging_directory_is_stale_once_a_minute_old(tmp_path):
     (tmp_path / ".not-staging").mkdir()
     assert remove_stale(tmp_path) == [old]
     assert young.is_dir() and (tmp_path / ".not-staging").is_dir()
+
+
+def test_a_staging_directory_is_never_removed_between_its_making_and_its_claim(tmp_path, monkeypatch):
+    """Another converter cleaning up while this one takes its lock finds nothing free to remove (it once found the
+    new lock file before its flock, took it, and removed a live converter's staging directory)."""
+    real_flock, rival_removed = fcntl.flock, []
+
+    def flock_after_a_rival_cleans_up(fd, operation):
+        if not rival_removed:  # the first flock is this converter's; the rival's own flock is left alone
+            rival_removed.append(None)
+            rival_removed[0] = remove_stale(tmp_path)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_rival_cleans_up)
+    tmp, lock = staging_dir(tmp_path, "toy")
+    assert rival_removed == [[]] and tmp.is_dir() and lock is not None
+    assert remove_stale(tmp_path) == []
+    lock.release()
