@@ -151,6 +151,11 @@ class Algorithm:
     #: why the method's rule needs a class per image ("" for a task-agnostic method): it refuses a segmentation
     #: task with it
     classification_only: ClassVar[str] = ""
+    #: :meth:`reductions` reads what training returned (steps taken, :meth:`prepare`'s work on gathered
+    #: scores), so rank 0 folds the summed uploads after the gather and a client rank holds its round's
+    #: uploads until then.  False: they read only the round's plan (who trains, ``num_samples``), and rank 0
+    #: folds each client's upload while the others still train
+    reductions_need_results: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         """Registers a named method, and gives every method ``--guide-lambda`` at its :attr:`default_guide_lambda`."""
@@ -365,12 +370,15 @@ class Algorithm:
         return []
 
     def prepare(self, server: ServerState, uploads: Uploads) -> None:
-        """Before the sums: what the round's reductions depend on (``uploads`` holds the clients' records
-        and gathered entries, no sums yet).  FedAvg: nothing."""
+        """After the gather, before :meth:`aggregate` (and before :meth:`reductions` where
+        :attr:`reductions_need_results`): ``uploads`` holds the clients' records and gathered entries, no sums
+        yet.  FedAvg: nothing."""
 
     def reductions(self, server: ServerState, uploads: Uploads) -> dict[str, Reduction]:
-        """The weighted sums :meth:`aggregate` reads from ``uploads.sums``, by name.  FedAvg: every uploaded
-        model entry that is not gathered, under its own name, weighted by :meth:`client_weights`."""
+        """The weighted sums :meth:`aggregate` reads from ``uploads.sums``, by name.  Unless
+        :attr:`reductions_need_results`, this runs at the round's start on the plan alone: ``uploads`` then
+        holds the sampled clients and their ``num_samples``, nothing that training returns.  FedAvg: every
+        uploaded model entry that is not gathered, under its own name, weighted by :meth:`client_weights`."""
         gathered = set(self.gathered_keys())
         summed = [key for key in self.uploaded_keys if key not in gathered]
         p = mean_weights(self.client_weights(uploads)) if summed else None

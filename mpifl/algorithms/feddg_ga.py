@@ -86,6 +86,7 @@ def adjust_weights(weights: np.ndarray, who: np.ndarray, gaps: np.ndarray, step:
 class FedDGGA(Algorithm):
     name = "feddg-ga"
     summary = "FedDG-GA: FedAvg whose client weights move each round with the clients' generalization gaps"
+    reductions_need_results = True  # the weights move with the round's gathered scores (prepare)
     options = (
         Option("ga_step", float, 0.2, "FedDG-GA step size d of the weight adjustment (decays linearly over "
                "--schedule-rounds)"),

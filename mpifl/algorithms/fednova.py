@@ -46,6 +46,7 @@ from .fedavg import FedAvg
 class FedNova(FedAvg):
     name = "fednova"
     fresh_optimizer = True  # a_K (deltas.solver_norm) assumes zero momentum at each round's start
+    reductions_need_results = True  # p_i / a_i: a_i from the steps each client took
     summary = "FedNova: client updates normalized by their local step counts (momentum-aware), then averaged"
 
     def __init__(self, cfg, entries):

@@ -1,8 +1,9 @@
 """A client rank: hosts a fixed set of logical clients for the whole run.
 
 Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
-(scalars only), train the hosted clients of the round one after the other in id order, and send their
-uploads in one gather.  Between clients only tensors are swapped in and out of one model instance: the
+(scalars only), train the hosted clients of the round one after the other in id order, post each one's
+summed upload to rank 0 as soon as it is trained (at most ``SEND_WINDOW_BYTES`` of them waiting: rank 0 folds
+them while this rank trains the next), and send the records and small uploads in one gather.  Between clients only tensors are swapped in and out of one model instance: the
 download, then the client's private state (:class:`~mpifl.client.private_store.PrivateStore`: created when the
 client first trains, on disk beyond ``--private-memory``).  What a message asks of this rank is the round protocol's
 (:mod:`mpifl.plan.protocol`).
@@ -34,6 +35,7 @@ from .training import client_round, evaluate, load_state, train_local
 from .transforms import TrainTransforms, parse
 
 NOTHING_SAVED = FileRecord(0, "00" * 32)  # the report of a message that saves nothing
+SEND_WINDOW_BYTES = 256 << 20  # trained clients' uploads (at least one) a rank keeps until rank 0 has them
 
 
 class ClientHost:
@@ -108,8 +110,11 @@ class ClientHost:
             send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
             report, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
             size = messages.summed.nbytes
-            summed = self.summed_buffer.get(len(work.trains) * size)
-            summed_segments = [summed[i * size:(i + 1) * size] for i in range(len(work.trains))]
+            # a method that folds after the gather holds its round's uploads until then
+            early = not self.algo.reductions_need_results
+            slots = min(len(work.trains), max(1, SEND_WINDOW_BYTES // max(size, 1))) if early else len(work.trains)
+            summed = self.summed_buffer.get(slots * size)
+            posted = [None] * slots  # the send under way from each slot
 
             start = time.perf_counter()
             if work.evaluates:
@@ -120,20 +125,33 @@ class ClientHost:
                 self.clients.fit_budget()
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
-            for cid, segment, summed_segment in zip(work.trains, client_segments, summed_segments):
-                messages.pack_client(self._train(self.clients.get(cid), download, r), segment, summed_segment)
+            waited = self.comm.seconds_waiting
+            for i, (cid, segment) in enumerate(zip(work.trains, client_segments)):
+                upload = self._train(self.clients.get(cid), download, r)
+                slot = i % slots
+                if posted[slot] is not None:
+                    self.comm.complete([posted[slot]])
+                part = summed[slot * size:(slot + 1) * size]
+                messages.pack_client(upload, segment, part)
+                if size:
+                    if self.device_buffers:
+                        self._synchronize()  # the send reads the GPU buffer only once the packing kernels are done
+                    posted[slot] = self.comm.post(part)
                 self.clients.fit_budget()
+            sending = [handle for handle in posted if handle is not None]
+            if early:
+                self.comm.complete(sending)
             trained_at = time.perf_counter()
-            seconds = record(RANK_SECONDS, train=trained_at - evaluated_at, evaluate=evaluated_at - start,
-                             data=self.data_seconds)
+            seconds = record(RANK_SECONDS, train=trained_at - evaluated_at - (self.comm.seconds_waiting - waited),
+                             evaluate=evaluated_at - start, data=self.data_seconds)
             messages.rank.pack(rank_report(seconds, self.stop.signum, saved.nbytes, saved.sha256), out=report)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
             if self.device_buffers:
                 self._synchronize()  # the collective reads the GPU buffer only once the packing kernels are done
             self.comm.gatherv(send, counts)
-            for segment in summed_segments if size else ():
-                self.comm.send(segment)
+            if not early:
+                self.comm.complete(sending)
             if header.action == STOP:
                 self.stopped = True
                 return

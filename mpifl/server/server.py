@@ -1,8 +1,9 @@
 """Rank 0: global state, client sampling, aggregation, checkpoints and the run log.
 
-Round r (README, "How a run works"): sample the clients, broadcast the header and the download, gather
-the clients' records and small uploads, fold the others into the algorithm's sums as they arrive
-(:mod:`mpifl.algorithms.reduction`), aggregate.  Evaluation rides on the next message: the download of
+Round r (README, "How a run works"): sample the clients, broadcast the header and the download, fold the
+clients' uploads into the algorithm's sums as they arrive while the clients train (:mod:`mpifl.algorithms.reduction`),
+gather the clients' records and small uploads, aggregate.  A method whose sums' coefficients need what training
+returned (:attr:`~mpifl.algorithms.Algorithm.reductions_need_results`) folds after the gather instead.  Evaluation rides on the next message: the download of
 round r+1 is the global model after round r, so its header asks the clients to evaluate it first, and
 their scores come back in the same gather as the round's records.  A final message after the last round only evaluates, then every
 rank stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
@@ -22,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..algorithms import Folding, Uploads
+from ..algorithms import Folding, Reduction, Uploads
 from ..job.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
 from ..job.faults import maybe_inject
 from ..job.signals import StopRequest
@@ -60,6 +61,7 @@ class Server:
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
         self.fold_buffer = ReusedBuffer()  # one window of clients' summed uploads
+        self.receiving_seconds = 0.0  # of the round, in _fold's receives: communication or waiting, not aggregation
 
     def run(self) -> None:
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank, lambda exchange: [])
@@ -78,6 +80,12 @@ class Server:
             messages.pack_down(header, self.algo.download(self.state), out=down)
             self.comm.bcast(down)
             plan = self.protocol.plan(header, messages)
+            self.receiving_seconds = early_folding = 0.0
+            early = bool(plan.sampled) and not self.algo.reductions_need_results
+            if early:  # while the clients train
+                early_folding = time.perf_counter()
+                sums = self._fold(messages, plan, self.algo.reductions(self.state, self._planned(plan)))
+                early_folding = time.perf_counter() - early_folding
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
             for rank, report in enumerate(reports, start=1):
@@ -101,14 +109,16 @@ class Server:
                 break
             aggregated_from = time.perf_counter()
             self.algo.prepare(self.state, uploads)
-            uploads.sums = self._fold(messages, plan, Folding(self.algo.reductions(self.state, uploads)))
+            if not early:
+                sums = self._fold(messages, plan, self.algo.reductions(self.state, uploads))
+            uploads.sums = sums
             self.algo.aggregate(self.state, uploads)
             finished = time.perf_counter()
             seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
             self.log.add_round(self._record(r, messages, uploads, seconds, reports, plan, down.nbytes, {
                 "round": finished - started, "communication": self.comm.seconds_moving - moving,
                 "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
-                "aggregation": finished - aggregated_from}),
+                "aggregation": early_folding + finished - aggregated_from - self.receiving_seconds}),
                 awaits_eval=self.protocol.evaluates_round(r))
             if not self.protocol.evaluates_round(r):  # an evaluated round is reported when its evaluation arrives
                 self._report_progress(r)
@@ -131,20 +141,31 @@ class Server:
                           tensors={n: [v[n] for v in views] for n in messages.gathered_names})
         return reports, evals, uploads
 
-    def _fold(self, messages: Messages, plan: RoundPlan, folding: Folding) -> dict[str, np.ndarray]:
+    def _planned(self, plan: RoundPlan) -> Uploads:
+        """What the round's plan says of its uploads before any arrives: the sampled clients and their
+        ``num_samples`` (no other record field, no gathered entry: a method reading them must declare
+        :attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)."""
+        meta = np.array([(self.session.clients[c].num_train,) for c in plan.sampled],
+                        dtype=[("num_samples", CLIENT_META["num_samples"])])
+        return Uploads(clients=np.array(plan.sampled, dtype=np.int64), meta=meta, tensors={})
+
+    def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
         """Receive every trained client's summed uploads, in client-id order, ``FOLD_WINDOW_BYTES`` at a time,
-        and add them into ``folding``'s sums."""
+        and add them into the sums of ``reductions``; the time receiving counts in ``receiving_seconds``."""
+        folding = Folding(reductions)
         size = messages.summed.nbytes
-        if size == 0:
-            return folding.sums
-        owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
-        window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
-        buf = self.fold_buffer.get(window * size)
-        for start in range(0, len(plan.sampled), window):
-            clients = plan.sampled[start:start + window]
-            parts = [buf[i * size:(i + 1) * size] for i in range(len(clients))]
-            self.comm.receive(parts, [owner[c] for c in clients])
-            folding.add([messages.summed.unpack(part) for part in parts])
+        if size:
+            owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
+            window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
+            buf = self.fold_buffer.get(window * size)
+            for start in range(0, len(plan.sampled), window):
+                clients = plan.sampled[start:start + window]
+                parts = [buf[i * size:(i + 1) * size] for i in range(len(clients))]
+                started = time.perf_counter()
+                self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads",
+                                  while_training=not self.algo.reductions_need_results)
+                self.receiving_seconds += time.perf_counter() - started
+                folding.add([messages.summed.unpack(part) for part in parts])
         return folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],

@@ -8,12 +8,13 @@ Two implementations:
 
 Both move the same bytes in the same order, so a run gives the same numbers over either. Per round there are
 two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`Comm.bcast` from rank 0 and
-:meth:`Comm.gatherv` to rank 0, then one message per trained client to rank 0 (:meth:`Comm.send`,
-:meth:`Comm.receive`), which rank 0 receives in client-id order, a few at a time. The ``*_object`` collectives
-carry a few small Python objects during set-up only. Each collective is preceded by :meth:`Comm.arrive`, a
-barrier that waits without spinning (the time is counted in ``seconds_waiting``); the bytes then move at full
-speed (``seconds_moving``). A barrier knows which ranks have arrived, so a rank that gives up waiting
-(``timeout``, ``--round-timeout``) names the ranks that did not come, with their pid and host
+:meth:`Comm.gatherv` to rank 0, and one message per trained client to rank 0: a client rank posts it
+(:meth:`Comm.post`) as soon as the client is trained and goes on training, and rank 0 receives the messages in
+client-id order, a few at a time (:meth:`Comm.receive`), folding them as they come. The ``*_object``
+collectives carry a few small Python objects during set-up only. Each collective is preceded by
+:meth:`Comm.arrive`, a barrier that waits without spinning (the time is counted in ``seconds_waiting``); the
+bytes then move at full speed (``seconds_moving``). A barrier knows which ranks have arrived, so a rank that
+gives up waiting (``timeout``, ``--round-timeout``) names the ranks that did not come, with their pid and host
 (:meth:`Comm.describe`).
 """
 
@@ -58,10 +59,8 @@ class Comm:
     # ------------------------------------------------------------ the round's bytes
     def arrive(self, what: str) -> None:
         """Wait until every rank has arrived here (``what`` names the wait in a timeout's message)."""
-        start, cpu_start = time.perf_counter(), time.process_time()
-        self._barrier(what)
-        self.seconds_waiting += time.perf_counter() - start
-        self.cpu_seconds_waiting += time.process_time() - cpu_start
+        with self._waiting():
+            self._barrier(what)
 
     def bcast(self, buf: Buffer, what: str = "the server's broadcast") -> None:
         """Broadcast ``buf`` (uint8, the same size on every rank) from rank 0, in place."""
@@ -82,16 +81,23 @@ class Comm:
         with self._moving():
             return self._gatherv(sendbuf, counts)
 
-    def send(self, buf: Buffer, what: str = "the server's fold of the uploads") -> None:
-        """Send ``buf`` to rank 0; returns once rank 0 has received it (``buf`` may then be reused).  A
-        rank's messages arrive in the order it sent them."""
-        with self._moving():
-            self._send(buf, what)
+    def post(self, buf: Buffer) -> Any:
+        """Start sending ``buf`` to rank 0 and return at once a handle for :meth:`complete`; ``buf`` must stay
+        as it is until then.  A rank's messages arrive in the order it posted them."""
+        return self._post(buf)
 
-    def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload") -> None:
+    def complete(self, handles: list[Any], what: str = "the server's fold of the uploads") -> None:
+        """Wait until rank 0 has received the messages of ``handles`` (their buffers may then be reused);
+        the time counts as waiting: rank 0 takes them as fast as it folds them."""
+        with self._waiting():
+            self._complete(handles, what)
+
+    def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload",
+                while_training: bool = False) -> None:
         """On rank 0: fill ``bufs[i]`` with the next message of rank ``sources[i]``, all at once (several
-        from one rank fill in its sending order)."""
-        with self._moving():
+        from one rank fill in its posting order).  ``while_training``: the senders may still be computing, so
+        the time counts as waiting, not as bytes moving."""
+        with self._waiting() if while_training else self._moving():
             self._receive(bufs, sources, what)
 
     @contextlib.contextmanager
@@ -100,6 +106,14 @@ class Comm:
         start = time.perf_counter()
         yield
         self.seconds_moving += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def _waiting(self):
+        """Count the time inside, and its CPU time, as waiting for other ranks (``seconds_waiting``)."""
+        start, cpu_start = time.perf_counter(), time.process_time()
+        yield
+        self.seconds_waiting += time.perf_counter() - start
+        self.cpu_seconds_waiting += time.process_time() - cpu_start
 
     # ------------------------------------------------------------ set-up only
     def bcast_object(self, obj: Any) -> Any:
@@ -141,7 +155,10 @@ class Comm:
     def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
         raise NotImplementedError
 
-    def _send(self, buf: Buffer, what: str) -> None:
+    def _post(self, buf: Buffer) -> Any:
+        raise NotImplementedError
+
+    def _complete(self, handles: list[Any], what: str) -> None:
         raise NotImplementedError
 
     def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:

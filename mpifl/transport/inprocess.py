@@ -10,9 +10,9 @@ A failing rank prints its one line and ends the run at once: the other rank leav
 failing client host wakes the server from its collective (or, should the server be hung, ends the process
 after ``WATCHDOG_SECONDS``).
 Threads share what processes do not: torch's global generator and its thread count.  Set-up steps that
-seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the ranks take
-turns by construction (the server waits in the gather while the host trains; the host waits in the next
-broadcast while the server aggregates), and the server draws no random numbers.
+seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the server draws no
+random numbers, and what it does while the host trains (folding the uploads, :mod:`mpifl.algorithms.reduction`)
+is numpy's, not torch's; the host waits in the next broadcast while the server aggregates.
 """
 
 from __future__ import annotations
@@ -121,10 +121,14 @@ class ThreadComm(Comm):
         self._barrier("the other ranks")  # the senders may reuse their buffers only now
         return segments
 
-    def _send(self, buf: Buffer, what: str) -> None:
-        received = threading.Event()
+    def _post(self, buf: Buffer) -> threading.Event:
+        received = threading.Event()  # set by rank 0 once it has copied the buffer
         self.room.to_server[self.rank].put((buf, received))
-        self._blocked(lambda: received.wait(POLL_SECONDS) or None, what, [0])
+        return received
+
+    def _complete(self, handles: list[threading.Event], what: str) -> None:
+        for received in handles:
+            self._blocked(lambda: received.wait(POLL_SECONDS) or None, what, [0])
 
     def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
         for buf, source in zip(bufs, sources):

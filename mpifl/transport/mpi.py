@@ -118,9 +118,12 @@ class MpiComm(Comm):
             return None
         return [recv[d:d + c] for d, c in zip(displs, counts)]
 
-    def _send(self, buf: Buffer, what: str) -> None:
-        with self._typed(buf) as message:
-            self.wait([(0, self.comm.Isend(message, dest=0, tag=UPLOAD))], what)
+    def _post(self, buf: Buffer) -> MPI.Request:
+        with self._typed(buf) as message:  # a datatype freed under a pending send lives until the send ends
+            return self.comm.Isend(message, dest=0, tag=UPLOAD)
+
+    def _complete(self, handles: list[MPI.Request], what: str) -> None:
+        self.wait([(0, request) for request in handles], what)
 
     def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
         with contextlib.ExitStack() as types:

@@ -55,8 +55,7 @@ def test_bcast_and_gatherv_move_the_bytes_as_mpi_does(as_buffer):
 def test_messages_to_rank_0_arrive_in_each_senders_order_and_a_silent_sender_times_out():
     def body(comm):
         if comm.rank:
-            for i in range(3):
-                comm.send(np.full(7, 10 * comm.rank + i, np.uint8))
+            comm.complete([comm.post(np.full(7, 10 * comm.rank + i, np.uint8)) for i in range(3)])
             return None
         order = [(r, i) for i in range(3) for r in (2, 1)]
         bufs = [np.zeros(7, np.uint8) for _ in order]
@@ -67,6 +66,23 @@ def test_messages_to_rank_0_arrive_in_each_senders_order_and_a_silent_sender_tim
         return [int(b[0]) for b in bufs]
 
     assert _world(3, body, timeout=0.3)[0] == [20, 10, 21, 11, 22, 12]
+
+
+def test_posting_a_message_does_not_wait_for_rank_0_and_completing_it_does():
+    posted = threading.Event()
+
+    def body(comm):
+        if comm.rank:
+            handles = [comm.post(np.full(3, i, np.uint8)) for i in range(2)]
+            posted.set()
+            comm.complete(handles)
+            return None
+        assert posted.wait(10)  # rank 1 posted both while rank 0 received nothing
+        bufs = [np.zeros(3, np.uint8) for _ in range(2)]
+        comm.receive(bufs, [1, 1])
+        return [int(b[0]) for b in bufs]
+
+    assert _world(2, body, timeout=10)[0] == [0, 1]
 
 
 def test_a_failed_world_releases_a_rank_blocked_on_a_message():

@@ -30,8 +30,7 @@ def check_messages(max_count, as_buffer):
     comm = MpiComm(MPI.COMM_WORLD, max_count=max_count)
     n = 5003
     if comm.rank:
-        for i in range(3):
-            comm.send(as_buffer(np.full(n, 10 * comm.rank + i, np.uint8)))
+        comm.complete([comm.post(as_buffer(np.full(n, 10 * comm.rank + i, np.uint8))) for i in range(3)])
         return True
     order = [(r, i) for i in range(3) for r in range(1, comm.size)]
     for start in range(0, len(order), 2):
