@@ -2,11 +2,11 @@
 
 Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
 (scalars only), train the hosted clients of the round one after the other in id order, post each one's
-summed upload to rank 0 as soon as it is trained (at most ``SEND_WINDOW_BYTES`` of them waiting: rank 0 folds
-them while this rank trains the next), and send the records and small uploads in one gather.  Between clients only tensors are swapped in and out of one model instance: the
-download, then the client's private state (:class:`~mpifl.client.private_store.PrivateStore`: created when the
-client first trains, on disk beyond ``--private-memory``).  What a message asks of this rank is the round protocol's
-(:mod:`mpifl.plan.protocol`).
+summed upload to rank 0 as soon as it is trained (at most ``SEND_WINDOW_BYTES`` of them on their way: rank 0
+folds them while this rank trains the next), and send the records and small uploads in one gather.  Between
+clients only tensors are swapped in and out of one model instance: the download, then the client's private
+state (:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
+``--private-memory``).  What a message asks of this rank is the round protocol's (:mod:`mpifl.plan.protocol`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Rank 0: global state, client sampling, aggregation, checkpoints and the run log.
 
 Round r (README, "How a run works"): sample the clients, broadcast the header and the download, fold the
-clients' uploads into the algorithm's sums as they arrive while the clients train (:mod:`mpifl.algorithms.reduction`),
-gather the clients' records and small uploads, aggregate.  A method whose sums' coefficients need what training
-returned (:attr:`~mpifl.algorithms.Algorithm.reductions_need_results`) folds after the gather instead.  Evaluation rides on the next message: the download of
-round r+1 is the global model after round r, so its header asks the clients to evaluate it first, and
-their scores come back in the same gather as the round's records.  A final message after the last round only evaluates, then every
-rank stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
+clients' uploads into the algorithm's sums as they arrive, while the clients train
+(:mod:`mpifl.algorithms.reduction`), gather the clients' records and small uploads, aggregate.  A method
+whose sums' coefficients need what training returned (:attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)
+folds after the gather instead.  Evaluation rides on the next message: the download of round r+1 is the global
+model after round r, so its header asks the clients to evaluate it first, and their scores come back in the
+same gather as the round's records.  A final message after the last round only evaluates, then every rank
+stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
 
 Checkpoints (:mod:`mpifl.job.checkpoint`) ride on messages too: the message of round r+1 carries the
 SAVE flag when round r is to be checkpointed (``--ckpt-every``, the last round, or a stop signal), and a
@@ -80,12 +81,12 @@ class Server:
             messages.pack_down(header, self.algo.download(self.state), out=down)
             self.comm.bcast(down)
             plan = self.protocol.plan(header, messages)
-            self.receiving_seconds = early_folding = 0.0
+            self.receiving_seconds = 0.0
             early = bool(plan.sampled) and not self.algo.reductions_need_results
+            fold_started = time.perf_counter()
             if early:  # while the clients train
-                early_folding = time.perf_counter()
                 sums = self._fold(messages, plan, self.algo.reductions(self.state, self._planned(plan)))
-                early_folding = time.perf_counter() - early_folding
+            early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
             for rank, report in enumerate(reports, start=1):
