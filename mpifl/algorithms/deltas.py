@@ -39,6 +39,15 @@ def trainable_specs(algo, prefix: str) -> list[TensorSpec]:
     return [TensorSpec(prefix + k, entry[k].shape, entry[k].dtype) for k in trainable_keys(algo)]
 
 
+def training_share(algo, num_clients: int) -> list[float]:
+    """1/N for each of a round's ``num_clients`` clients: their coefficients in a sum over all N training
+    clients (SCAFFOLD's sum_S delta c_i / N, FedDyn's sum_P theta_k / m)."""
+    n = algo.num_training_clients
+    if n < num_clients:
+        raise RuntimeError(f"{algo.name} needs the number of training clients (Algorithm.bind_clients)")
+    return [1.0 / n] * num_clients
+
+
 def parameters(model: nn.Module, keys: Sequence[str]) -> list[nn.Parameter]:
     """The model's parameters named ``keys``, in that order."""
     named = dict(model.named_parameters())

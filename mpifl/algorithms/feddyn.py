@@ -71,6 +71,7 @@ from .deltas import (
     parameters,
     trainable_keys,
     trainable_specs,
+    training_share,
 )
 from ..plan.config import Option
 from .fedavg import FedAvg
@@ -127,9 +128,7 @@ class FedDyn(FedAvg):
 
     def reductions(self, server, uploads):
         """The weighted means, and sum_P theta_k / m for h."""
-        if self.num_training_clients < len(uploads.clients):
-            raise RuntimeError("FedDyn needs the number of training clients (Algorithm.bind_clients)")
-        share = [1.0 / self.num_training_clients] * len(uploads.clients)
+        share = training_share(self, len(uploads.clients))
         return {**super().reductions(server, uploads), **{SHARE_SUM + k: Reduction(k, share) for k in self.params}}
 
     def global_value(self, server, key, combined, uploads):

@@ -2,18 +2,20 @@
 
 Rank 0 never holds a round's uploads all at once.  A method states its aggregation as
 
-1. :meth:`Algorithm.prepare`: what it needs first, from every client's small tensors (the entries it
-   names in :meth:`Algorithm.gathered_keys`, gathered whole) and the clients' records (FedDG-GA's gaps);
-2. :meth:`Algorithm.reductions`: the weighted sums sum_k c_k x_k it needs, each of one uploaded tensor
-   (by default every uploaded model entry's weighted mean, c_k = w_k / sum_j w_j);
+1. :meth:`Algorithm.reductions`: the weighted sums sum_k c_k x_k it needs, each of one uploaded tensor
+   (by default every uploaded model entry's weighted mean, c_k = w_k / sum_j w_j), computed from the
+   round's plan before the clients train;
+2. :meth:`Algorithm.prepare`: what it needs from every client's small tensors (the entries it names in
+   :meth:`Algorithm.gathered_keys`, gathered whole) and the clients' records;
 3. :meth:`Algorithm.aggregate`: the new global state from those sums (``Uploads.sums``).
 
-Between 2 and 3 the server receives the other uploaded tensors client by client, in client-id order, a
-few at a time, and :class:`Folding` adds them into float64 sums.  Every sum is accumulated in client-id
-order, element by element exactly as a single pass over all uploads would (:func:`weighted_sum`), so the
-result is bit for bit the same whoever hosts which client and however many arrive at once: rank-count
-invariance holds, and rank 0's memory is one window of uploads plus the sums, whatever the number of
-clients in the round.
+While the clients train, the server receives the other uploaded tensors client by client, in client-id
+order, a few at a time, and :class:`Folding` adds them into float64 sums.  A method whose sums need what
+training returned (:attr:`Algorithm.reductions_need_results`: FedNova's steps, FedDG-GA's gaps) runs 2
+before 1, after the gather, and is folded then.  Every sum is accumulated in client-id order, element by
+element exactly as a single pass over all uploads would (:func:`weighted_sum`), so the result is bit for
+bit the same whoever hosts which client and however many arrive at once: rank-count invariance holds, and
+rank 0's memory is one window of uploads plus the sums, whatever the number of clients in the round.
 """
 
 from __future__ import annotations

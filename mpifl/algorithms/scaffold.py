@@ -62,6 +62,7 @@ from .deltas import (
     solver_norm,
     trainable_keys,
     trainable_specs,
+    training_share,
 )
 from .fedavg import FedAvg
 
@@ -98,9 +99,7 @@ class Scaffold(FedAvg):
 
     def reductions(self, server, uploads):
         """The weighted means, and sum_S delta c_i / N for the global control variate."""
-        if self.num_training_clients < len(uploads.clients):
-            raise RuntimeError("SCAFFOLD needs the number of training clients (Algorithm.bind_clients)")
-        share = [1.0 / self.num_training_clients] * len(uploads.clients)
+        share = training_share(self, len(uploads.clients))
         return {**super().reductions(server, uploads),
                 **{DELTA_C + k: Reduction(DELTA_C + k, share) for k in self.params}}
 

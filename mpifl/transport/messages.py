@@ -15,10 +15,12 @@ Up, first one ``Gatherv``: each client rank sends, in this order,
      the algorithm gathers (``SharePolicy.gathered``: small tensors its rule
      needs from every client) and ``client.meta`` (samples, steps, train
      loss sum, correct, seen).
-Then, one point-to-point message per client of the round, in client-id order
-over all ranks: its other uploads (``summed``), which rank 0 folds into the
-algorithm's sums as they arrive (:mod:`mpifl.algorithms.reduction`), a few at
-a time, so that it never holds the round's uploads at once.
+And one point-to-point message per client of the round: its other uploads
+(``summed``), posted as soon as the client is trained, which rank 0 receives
+in client-id order over all ranks, a few at a time, and folds into the
+algorithm's sums (:mod:`mpifl.algorithms.reduction`) while the clients train
+(after the gather for a method whose sums need the clients' results), so that
+neither side holds the round's uploads at once.
 Both sides derive every size from the placement and the round's sample, so
 no sizes travel.
 """
