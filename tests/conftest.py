@@ -115,3 +115,11 @@ def style_model(tmp_path_factory) -> Path:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+TIMING_KEYS = ("seconds", "rank_seconds", "memory")  # the parts of a metrics record that vary between runs
+
+
+def untimed(records: list[dict]) -> list[dict]:
+    """metrics.jsonl records without their timings and memory: what identical computations share."""
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]

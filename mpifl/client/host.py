@@ -95,6 +95,7 @@ class ClientHost:
         for r in protocol.rounds():
             messages = protocol.open(r)
             down = self.down_buffer.get(messages.down.nbytes)
+            transport = self._transport_seconds()
             self.comm.bcast(down)
             header, download = messages.read_down(down)
             if header.round != r:
@@ -125,7 +126,7 @@ class ClientHost:
                 self.clients.fit_budget()
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
-            waited = self.comm.seconds_waiting
+            before_training = self._transport_seconds()
             for i, (cid, segment) in enumerate(zip(work.trains, client_segments)):
                 upload = self._train(self.clients.get(cid), download, r)
                 slot = i % slots
@@ -142,8 +143,11 @@ class ClientHost:
             if early:
                 self.comm.complete(sending)
             trained_at = time.perf_counter()
-            seconds = record(RANK_SECONDS, train=trained_at - evaluated_at - (self.comm.seconds_waiting - waited),
-                             evaluate=evaluated_at - start, data=self.data_seconds)
+            moving, waiting = self._transport_seconds()
+            uploading = moving + waiting - sum(before_training)  # posting and completing the uploads
+            seconds = record(RANK_SECONDS, train=trained_at - evaluated_at - uploading, evaluate=evaluated_at - start,
+                             data=self.data_seconds, communication=moving - transport[0],
+                             waiting=waiting - transport[1])
             messages.rank.pack(rank_report(seconds, self.stop.signum, saved.nbytes, saved.sha256), out=report)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
@@ -155,6 +159,10 @@ class ClientHost:
             if header.action == STOP:
                 self.stopped = True
                 return
+
+    def _transport_seconds(self) -> tuple[float, float]:
+        """This rank's seconds in the transport so far: (bytes moving, waiting for other ranks)."""
+        return self.comm.seconds_moving, self.comm.seconds_waiting
 
     def placement_note(self) -> str:
         """Where this rank computes and where its messages live, for ``log.txt``."""

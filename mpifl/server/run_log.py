@@ -5,17 +5,26 @@ One JSON line per round::
     {"round": 3, "clients": [0, 2, 4],
      "train": {"loss": .., "acc": .., "local_val_acc": ..},   # "dice" in place of "acc" for segmentation
      "bytes": {"down": .., "up": .., "wire_down": .., "wire_up": ..},
-     "seconds": {"round": .., "compute": .., "evaluation": .., "communication": .., "waiting": ..,
-                 "aggregation": ..},
+     "seconds": {"round": .., "compute": .., "data": .., "evaluation": .., "communication": .., "waiting": ..,
+                 "waiting_cpu": .., "aggregation": ..},
+     "rank_seconds": {"compute": [..], "data": [..], "evaluation": [..], "communication": [..], "waiting": [..]},
+     "memory": {"peak_rss": [..]},
      "eval": {"global": {"test": {"mean": {"acc", "loss"}, "domains": {d: {"acc", "loss", "n"}},
                                   "clients": {"0": {"acc", "loss", "n"}}}, "val": {..}}}}
 
-``seconds``: ``round`` is rank 0's wall clock from broadcast to aggregated;
-``compute`` and ``evaluation`` the slowest client rank's training and
-evaluation; ``communication`` rank 0's time inside the two collectives
-(bytes moving); ``waiting`` rank 0's time in the polite barriers before them
-(clients not done yet); ``aggregation`` the server rule.  The evaluation
-done in round r+1's message scores round r's model (see server.py).
+``seconds`` is where rank 0's round went: ``round`` is its wall clock from
+broadcast to aggregated; ``communication`` its time while bytes moved (the
+two collectives, and the clients' uploads once their senders send them);
+``waiting`` its time waiting for other ranks (clients still training; and
+``waiting_cpu``, the CPU it spent polling meanwhile); ``aggregation`` the
+server rule (folding the uploads and the rest); ``compute``, ``data`` and
+``evaluation`` the slowest client rank's training (without its time posting
+uploads), producing batches within it, and evaluation.  ``rank_seconds``
+gives each client rank's (rank 1 first) of those, and its own time in the
+transport from the broadcast to the gather: ``communication`` (the
+broadcast and its uploads moving) and ``waiting`` (for rank 0 to send the
+broadcast or take its uploads).  The evaluation done in round r+1's message
+scores round r's model (see server.py).
 
 ``train.local_val_acc`` (only under ``--select-by local-val``) is the
 validation accuracy of the round's post-training local models, weighted by

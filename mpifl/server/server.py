@@ -39,6 +39,9 @@ from ..transport.messages import (CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STO
 from .run_log import MetricsLog, summarize_eval
 
 
+# each client rank's seconds of a round in metrics.jsonl (rank_seconds), by the fields of its report
+RANK_FIELDS = (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"), ("communication", "communication"),
+               ("waiting", "waiting"))
 FOLD_WINDOW_BYTES = 256 << 20  # rank 0 receives this many bytes of clients' uploads (at least one) at once
 
 
@@ -163,8 +166,7 @@ class Server:
                 clients = plan.sampled[start:start + window]
                 parts = [buf[i * size:(i + 1) * size] for i in range(len(clients))]
                 started = time.perf_counter()
-                self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads",
-                                  while_training=not self.algo.reductions_need_results)
+                self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads")
                 self.receiving_seconds += time.perf_counter() - started
                 folding.add([messages.summed.unpack(part) for part in parts])
         return folding.sums
@@ -187,5 +189,6 @@ class Server:
                       "wire_down": down_bytes * (self.comm.size - 1),
                       "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
+            "rank_seconds": {name: seconds[field].tolist() for name, field in RANK_FIELDS},
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports]},
         }

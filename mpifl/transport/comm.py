@@ -13,7 +13,8 @@ two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`
 client-id order, a few at a time (:meth:`Comm.receive`), folding them as they come. The ``*_object``
 collectives carry a few small Python objects during set-up only. Each collective is preceded by
 :meth:`Comm.arrive`, a barrier that waits without spinning (the time is counted in ``seconds_waiting``); the
-bytes then move at full speed (``seconds_moving``). A barrier knows which ranks have arrived, so a rank that
+bytes then move at full speed (``seconds_moving``).  The messages are split the same way: time waiting for
+the peer to come is waiting, time while their bytes move is moving, on both ends. A barrier knows which ranks have arrived, so a rank that
 gives up waiting (``timeout``, ``--round-timeout``) names the ranks that did not come, with their pid and host
 (:meth:`Comm.describe`).
 """
@@ -82,23 +83,21 @@ class Comm:
             return self._gatherv(sendbuf, counts)
 
     def post(self, buf: Buffer) -> Any:
-        """Start sending ``buf`` to rank 0 and return at once a handle for :meth:`complete`; ``buf`` must stay
-        as it is until then.  A rank's messages arrive in the order it posted them."""
+        """Queue ``buf`` for rank 0 and return a handle for :meth:`complete`; ``buf`` must stay as it is until
+        then.  Its bytes leave now if rank 0 is receiving them, else at a later post or in :meth:`complete`;
+        the time they take counts as bytes moving.  A rank's messages arrive in the order it posted them."""
         return self._post(buf)
 
     def complete(self, handles: list[Any], what: str = "the server's fold of the uploads") -> None:
-        """Wait until rank 0 has received the messages of ``handles`` (their buffers may then be reused);
-        the time counts as waiting: rank 0 takes them as fast as it folds them."""
-        with self._waiting():
-            self._complete(handles, what)
+        """Wait until rank 0 has received the messages of ``handles`` (their buffers may then be reused).
+        The time counts as waiting while rank 0 is not yet receiving them, as bytes moving while it is."""
+        self._complete(handles, what)
 
-    def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload",
-                while_training: bool = False) -> None:
+    def receive(self, bufs: list[Buffer], sources: list[int], what: str = "a client's upload") -> None:
         """On rank 0: fill ``bufs[i]`` with the next message of rank ``sources[i]``, all at once (several
-        from one rank fill in its posting order).  ``while_training``: the senders may still be computing, so
-        the time counts as waiting, not as bytes moving."""
-        with self._waiting() if while_training else self._moving():
-            self._receive(bufs, sources, what)
+        from one rank fill in its posting order).  The time counts as waiting while a sender is still
+        computing, as bytes moving while its bytes arrive."""
+        self._receive(bufs, sources, what)
 
     @contextlib.contextmanager
     def _moving(self):

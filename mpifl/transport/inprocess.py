@@ -127,14 +127,17 @@ class ThreadComm(Comm):
         return received
 
     def _complete(self, handles: list[threading.Event], what: str) -> None:
-        for received in handles:
-            self._blocked(lambda: received.wait(POLL_SECONDS) or None, what, [0])
+        with self._waiting():  # rank 0 does the copying
+            for received in handles:
+                self._blocked(lambda: received.wait(POLL_SECONDS) or None, what, [0])
 
     def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
         for buf, source in zip(bufs, sources):
             inbox = self.room.to_server[source]
-            sent, received = self._blocked(lambda: _next(inbox), what, [source])
-            _copy(buf, sent)
+            with self._waiting():
+                sent, received = self._blocked(lambda: _next(inbox), what, [source])
+            with self._moving():
+                _copy(buf, sent)
             received.set()  # the sender may reuse its buffer
 
     def _blocked(self, attempt: Callable[[], Any], what: str, peers: list[int]) -> Any:

@@ -48,7 +48,9 @@ EVAL_SPLITS = ("val", "test")
 # val_correct/val_seen: the post-training local model on the client's val split (--select-by local-val; else 0)
 CLIENT_META = np.dtype([(f, np.float64) for f in ("num_samples", "num_steps", "loss_sum", "correct", "seen",
                                                   "val_correct", "val_seen")])
-RANK_SECONDS = np.dtype([(f, np.float64) for f in ("train", "evaluate", "data")])  # data: batches, within train
+# a client rank's round: training (without posting its uploads; data: producing batches, within train),
+# evaluation, and its time in the transport from the broadcast to the gather: moving bytes, waiting for others
+RANK_SECONDS = np.dtype([(f, np.float64) for f in ("train", "evaluate", "data", "communication", "waiting")])
 
 _HEADER = [TensorSpec("round.command", (), torch.int64), TensorSpec("round.index", (), torch.int64),
            TensorSpec("round.evaluate", (), torch.int64)]

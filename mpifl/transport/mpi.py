@@ -3,14 +3,32 @@ trained client to rank 0, on raw byte buffers.
 
 Three properties matter beyond moving bytes:
 
-* **No busy waiting.**  MPICH and Open MPI spin inside blocking calls, so a
-  server waiting for clients, or a client waiting for the next round, would
-  steal a core from a rank that is training.  Every collective is therefore
-  preceded by a barrier of non-blocking messages that the waiting side polls
-  with short sleeps (each client rank tells rank 0 it has arrived, rank 0
-  tells them all to go once all have, so rank 0 knows who is missing); the
-  collective itself starts only when every rank has arrived, and runs at full
-  speed.
+* **Sleep only while waiting for a peer; never while bytes move.**  MPICH and
+  Open MPI spin inside blocking calls, so a server waiting for clients, or a
+  client waiting for the next round, would steal a core from a rank that is
+  training.  Every collective is therefore preceded by a barrier of
+  non-blocking messages that the waiting side polls with short sleeps (each
+  client rank tells rank 0 it has arrived, rank 0 tells them all to go once
+  all have, so rank 0 knows who is missing); the collective itself starts
+  only when every rank has arrived, and runs at full speed.
+* **Messages move while both ends are in MPI.**  Without single-copy
+  transfers (CMA, XPMEM, KNEM: off in many containers, and for some pinned
+  buffers) an MPI library moves a large message in small pieces, each needing
+  a call on both sides; a message posted before its sender went back to
+  training would crawl (and under MPICH it also holds back every later
+  message to rank 0).  So a client's message to rank 0 waits in its sender's
+  outbox until rank 0 has posted the receive for it (rank 0 says so:
+  ``POSTED``, how many of that rank's messages it is receiving now); the
+  sender then says it is sending (``SENDING``, up to which message), sends,
+  and calls into MPI without sleeping until they are through; rank 0 stops
+  sleeping while a message announced by ``SENDING`` is pending.  A sender
+  looks for ``POSTED`` each time it posts a message and while it waits in
+  :meth:`MpiComm.complete`, so rank 0 folds a rank's uploads while it trains
+  its next clients.  Every control message is received: a sender takes every
+  ``POSTED`` before its last message leaves, and rank 0 every ``SENDING``
+  before the next barrier lets anyone go.  Time spent sleeping counts as
+  waiting (``seconds_waiting``), time spent spinning while bytes move as
+  communication (``seconds_moving``), on both sides.
 * **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
   takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
   when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
@@ -26,7 +44,8 @@ import contextlib
 import os
 import socket
 import time
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Callable, NoReturn
 
 import numpy as np
 import torch
@@ -40,7 +59,28 @@ from .wire import Buffer
 
 INT_MAX = 2**31 - 1
 ARRIVED, GO, UPLOAD = 31001, 31002, 31003  # tags: the barrier's messages, a client's message to rank 0
+POSTED, SENDING = 31004, 31005  # tags: rank 0 receives a rank's messages up to n / the rank sends them up to n
+FIRST_SLEEP = 5e-5  # seconds: the first sleep between polls
 LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
+
+
+@dataclass
+class Pending:
+    """A request being waited for: its peer rank and, for a client's message, its number in that client
+    rank's sequence of messages to rank 0 (from 1; 0 for the barrier's messages)."""
+
+    peer: int
+    number: int
+    request: MPI.Request
+
+
+@dataclass
+class Outgoing:
+    """A client's message to rank 0, held in its sender's outbox until rank 0 receives it; the handle of
+    :meth:`MpiComm.post`."""
+
+    number: int
+    buf: Buffer
 
 
 class MpiComm(Comm):
@@ -55,40 +95,148 @@ class MpiComm(Comm):
         self._inbox = np.zeros(comm.size, dtype=np.uint8)  # where rank r's byte lands
         self.max_count = max_count
         self.max_sleep = max_sleep
+        self._control: list[tuple[MPI.Request, np.ndarray]] = []  # POSTED / SENDING sends not yet complete
+        self._number = np.zeros(1, dtype=np.int64)  # where a POSTED or SENDING lands
+        # a client rank: its messages to rank 0 numbered, sent, and received by rank 0 as far as it said
+        self._outbox: list[Outgoing] = []
+        self._numbered = self._sent = self._posted = 0
+        # rank 0, per client rank: its messages whose receives are posted, and that it said it sends
+        self._expected, self._sending = [0] * comm.size, [0] * comm.size
 
     # ---------------------------------------------------------------- waiting
-    def wait(self, requests: list[tuple[int, MPI.Request]], what: str) -> None:
-        """Complete ``requests`` (each with its peer rank) by polling with growing sleeps.
+    def wait(self, pending: list[Pending], what: str, moving: Callable[[list[Pending]], bool] = lambda p: False,
+             owed: Callable[[], list[int]] = lambda: []) -> None:
+        """Complete ``pending`` and wait until no peer is ``owed()`` a control message, taking control messages
+        on every pass.
 
-        Sleeps double from 50 us up to ``max_sleep`` (2 ms), and in a long
-        wait up to 1 % of the time already waited (at most 50 ms): an arrival
-        is noticed at most 2 ms or 1 % late, and a server waiting through a
-        20 s round wakes about 1 000 times instead of 10 000, which it would
-        otherwise take from the cores of ranks that are training.
+        While ``moving(still pending)`` holds, the peer is inside MPI moving these bytes too: poll without
+        sleeping, and count the time as bytes moving.  Otherwise the peer is not there yet: sleep between
+        polls, doubling from 50 us up to ``max_sleep`` (2 ms), and in a long wait up to 1 % of the time waited
+        since bytes last moved (at most 50 ms): an arrival (a sender starting to send included) is noticed at
+        most 2 ms or 1 % late, and a rank waiting through a 20 s round wakes about 1 000 times instead of
+        10 000, which it would otherwise take from the cores of ranks that are training.
         """
-        sleep = 5e-5
-        start = time.monotonic()
-        pending = list(requests)
+        sleep = FIRST_SLEEP
+        start = idle_since = time.monotonic()
+        clock, cpu = time.perf_counter(), time.process_time()
         while True:
-            pending = [(rank, request) for rank, request in pending if not request.Test()]
-            if not pending:
+            self._take_control()
+            spinning = bool(pending) and moving(pending)
+            still = [p for p in pending if not p.request.Test()]
+            # a pass that completed something moved bytes (with single copy, rank 0 copies inside its calls)
+            clock, cpu = self._count(spinning or len(still) < len(pending), clock, cpu)
+            pending = still
+            if not pending and not owed():
                 return
-            waited = time.monotonic() - start
-            if self.timeout is not None and waited > self.timeout:
-                raise self.timed_out(what, sorted({rank for rank, _ in pending}))
+            if spinning:
+                sleep, idle_since = FIRST_SLEEP, time.monotonic()
+                continue
+            if self.timeout is not None and time.monotonic() - start > self.timeout:
+                raise self.timed_out(what, sorted({p.peer for p in pending} | set(owed())))
             time.sleep(sleep)
-            sleep = min(sleep * 2, max(self.max_sleep, min(LONG_WAIT_SLEEP, waited / 100)))
+            clock, cpu = self._count(False, clock, cpu)
+            longest = min(LONG_WAIT_SLEEP, (time.monotonic() - idle_since) / 100)
+            sleep = min(sleep * 2, max(self.max_sleep, longest))
+
+    def _count(self, moving: bool, clock: float, cpu: float) -> tuple[float, float]:
+        """Add the time since ``clock`` (and CPU time since ``cpu``) to bytes moving or to waiting."""
+        now, cpu_now = time.perf_counter(), time.process_time()
+        if moving:
+            self.seconds_moving += now - clock
+        else:
+            self.seconds_waiting += now - clock
+            self.cpu_seconds_waiting += cpu_now - cpu
+        return now, cpu_now
+
+    def _take_control(self) -> None:
+        """Rank 0: take every SENDING.  A client rank: take every POSTED."""
+        self._control = [(request, data) for request, data in self._control if not request.Test()]
+        if self.rank == 0:
+            status = MPI.Status()
+            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=SENDING, status=status):
+                source = status.Get_source()
+                self.comm.Recv(self._number, source=source, tag=SENDING)
+                self._sending[source] = max(self._sending[source], int(self._number[0]))
+        else:
+            while self._posted < self._numbered and self.comm.Iprobe(source=0, tag=POSTED):
+                self.comm.Recv(self._number, source=0, tag=POSTED)
+                self._posted = max(self._posted, int(self._number[0]))
+
+    def _send_control(self, number: int, dest: int, tag: int) -> None:
+        data = np.array([number], dtype=np.int64)
+        self._control.append((self.comm.Isend(data, dest=dest, tag=tag), data))
 
     def _barrier(self, what: str) -> None:
-        """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived."""
+        """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived
+        (and it has taken every SENDING: a rank arrives only once its messages have left)."""
         if self.rank == 0:
             clients = range(1, self.size)
-            self.wait([(r, self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED)) for r in clients], what)
+            self.wait([Pending(r, 0, self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED))
+                       for r in clients], what,
+                      owed=lambda: [r for r in clients if self._sending[r] < self._expected[r]])
+            MPI.Request.Waitall([request for request, _ in self._control])  # POSTED: every rank has taken them
+            self._control = []
             MPI.Request.Waitall([self.comm.Isend(self._token, dest=r, tag=GO) for r in clients])
         else:
             sent = self.comm.Isend(self._token, dest=0, tag=ARRIVED)
-            self.wait([(0, self.comm.Irecv(self._inbox[0:1], source=0, tag=GO))], what)
+            self.wait([Pending(0, 0, self.comm.Irecv(self._inbox[0:1], source=0, tag=GO))], what)
             sent.Wait()
+
+    # ------------------------------------------------------------ messages to rank 0
+    def _post(self, buf: Buffer) -> Outgoing:
+        """Queue ``buf`` and send what rank 0 is receiving now (this message too, if it is)."""
+        self._numbered += 1
+        message = Outgoing(self._numbered, buf)
+        self._outbox.append(message)
+        self._take_control()
+        self._send_posted("the server's receive of an upload")
+        return message
+
+    def _complete(self, handles: list[Outgoing], what: str) -> None:
+        """Send the messages of ``handles`` (and those before them) as rank 0 comes to receive them."""
+        last = max((h.number for h in handles), default=0)
+        clock, cpu = time.perf_counter(), time.process_time()
+        sleep, start = FIRST_SLEEP, time.monotonic()
+        while True:
+            self._take_control()
+            self._send_posted(what)
+            if self._sent >= last:
+                self._count(False, clock, cpu)
+                return
+            clock, cpu = self._count(False, clock, cpu)
+            if self.timeout is not None and time.monotonic() - start > self.timeout:
+                raise self.timed_out(what, [0])
+            time.sleep(sleep)
+            sleep = min(sleep * 2, self.max_sleep)
+
+    def _send_posted(self, what: str) -> None:
+        """Send, without sleeping, every queued message whose receive rank 0 has posted (after telling it:
+        SENDING, so that it stops sleeping too)."""
+        ready = [m for m in self._outbox if m.number <= self._posted]
+        if not ready:
+            return
+        self._send_control(ready[-1].number, 0, SENDING)
+        with contextlib.ExitStack() as types:  # a datatype freed under a pending send lives until it ends
+            pending = [Pending(0, m.number, self.comm.Isend(types.enter_context(self._typed(m.buf)), dest=0,
+                                                            tag=UPLOAD)) for m in ready]
+        self.wait(pending, what, moving=lambda still: True)
+        MPI.Request.Waitall([request for request, _ in self._control])  # the SENDING, before the data: taken
+        self._control = []
+        self._outbox = self._outbox[len(ready):]
+        self._sent = ready[-1].number
+
+    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
+        """Post the receives, tell their senders (POSTED), and spin while an announced one is pending."""
+        with contextlib.ExitStack() as types:
+            pending = []
+            for buf, source in zip(bufs, sources):
+                self._expected[source] += 1
+                message = types.enter_context(self._typed(buf))
+                pending.append(Pending(source, self._expected[source],
+                                       self.comm.Irecv(message, source=source, tag=UPLOAD)))
+            for source in sorted(set(sources)):
+                self._send_control(self._expected[source], source, POSTED)
+            self.wait(pending, what, moving=lambda still: any(p.number <= self._sending[p.peer] for p in still))
 
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:
@@ -117,18 +265,6 @@ class MpiComm(Comm):
         if self.rank != 0:
             return None
         return [recv[d:d + c] for d, c in zip(displs, counts)]
-
-    def _post(self, buf: Buffer) -> MPI.Request:
-        with self._typed(buf) as message:  # a datatype freed under a pending send lives until the send ends
-            return self.comm.Isend(message, dest=0, tag=UPLOAD)
-
-    def _complete(self, handles: list[MPI.Request], what: str) -> None:
-        self.wait([(0, request) for request in handles], what)
-
-    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
-        with contextlib.ExitStack() as types:
-            self.wait([(source, self.comm.Irecv(types.enter_context(self._typed(buf)), source=source, tag=UPLOAD))
-                       for buf, source in zip(bufs, sources)], what)
 
     @contextlib.contextmanager
     def _typed(self, buf: Buffer):

@@ -8,7 +8,7 @@ from mpifl.algorithms import ALGORITHMS
 from mpifl.client import host
 from mpifl.client.host import ClientHost
 
-from ..conftest import read_metrics, run_here
+from ..conftest import read_metrics, run_here, untimed
 
 
 def test_uploads_leave_one_client_at_a_time_and_fold_to_the_numbers_of_folding_after_the_gather(
@@ -34,6 +34,5 @@ def test_uploads_leave_one_client_at_a_time_and_fold_to_the_numbers_of_folding_a
     size = held[0]
     # 5 clients a round, all on the one client rank; the message after the last round only evaluates
     assert size > 0 and held == [size, size, 0, 5 * size, 5 * size, 0]
-    during, after = ([{k: v for k, v in r.items() if k not in ("seconds", "memory")} for r in read_metrics(run)]
-                     for run in (tmp_path / "during", tmp_path / "after"))
+    during, after = (untimed(read_metrics(run)) for run in (tmp_path / "during", tmp_path / "after"))
     assert during == after and len(during) == 2

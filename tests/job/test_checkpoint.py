@@ -19,7 +19,7 @@ from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
 from mpifl.run import main
 
-from ..conftest import launch, read_metrics, run_here, run_in_process
+from ..conftest import TIMING_KEYS, launch, read_metrics, run_here, run_in_process
 from .test_run_dir import one_error, snapshot
 
 ALGO = "fedbn"  # private BN layers: the client ranks' state must survive the restart too
@@ -35,8 +35,8 @@ def numbers(run_dir) -> list[dict]:
     bytes."""
     out = []
     for record in read_metrics(run_dir):
-        record.pop("seconds")
-        record.pop("memory")
+        for key in TIMING_KEYS:
+            record.pop(key)
         record["bytes"] = {k: record["bytes"][k] for k in ("down", "up")}
         out.append(record)
     return out
