@@ -14,10 +14,17 @@ if __name__ == "__main__":  # before the heavy imports: a rank failing in them m
 
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # Ctrl-C while importing: nothing to save yet
 
+    import sys
+
     from mpifl.job.abort import abort_on_uncaught
     from mpifl.job.faults import maybe_inject
-    from mpifl.job.world import launched_world
+    from mpifl.job.world import launched_world, launcher_mismatch, launcher_rank
 
+    refused = launcher_mismatch()  # before any option is read: each process would run the whole job alone
+    if refused:
+        if launcher_rank() == 0:
+            sys.stderr.write(refused + "\n")
+        sys.exit(2)
     rank, size = launched_world()
     if size > 1:
         abort_on_uncaught()
