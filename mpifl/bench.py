@@ -56,6 +56,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -148,14 +149,20 @@ def _bare_on_host(session_args: tuple, loop_args: tuple, clients: list[int]) -> 
     return bare_round_seconds(bench_session(*session_args), *loop_args, only=clients)
 
 
+def default_mpirun() -> str:
+    """The launcher: the ``mpirun`` installed beside this Python (pip's MPICH or Open MPI), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpirun"
+    return str(here) if here.exists() else "mpirun"
+
+
 def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
                      batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
-                     device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = ()) -> list[dict]:
-    """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under mpirun with
-    ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
-    only; ``extra``: more options of mpifl.run."""
-    here = Path(sys.executable).parent / "mpirun"
-    launcher = [] if client_ranks is None else [str(here) if here.exists() else "mpirun", "-n", str(client_ranks + 1)]
+                     device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = (),
+                     mpirun: str | None = None) -> list[dict]:
+    """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under ``mpirun`` (a command
+    line, default :func:`default_mpirun`) with ``client_ranks`` client ranks, or in one process (None);
+    ``eval_every`` 0: evaluate after the last round only; ``extra``: more options of mpifl.run."""
+    launcher = [] if client_ranks is None else [*shlex.split(mpirun or default_mpirun()), "-n", str(client_ranks + 1)]
     cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
@@ -240,9 +247,13 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
 @click.option("--fractions", default="0.01,0.1", show_default=True,
               help="many-clients: comma list of fractions of clients per round")
 @click.option("--private-memory", default=8.0, show_default=True, help="many-clients: mpifl.run's --private-memory")
+@click.option("--mpirun", default=None,
+              help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
+                   "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
 def main(case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
-         repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, json_out):
+         repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
+         json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
     memory with many clients (--case many-clients)."""
     if rounds < 2 or repeats < 1:
@@ -252,7 +263,8 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
     if case == "many-clients":
         run_options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
                            batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
-                           samples_per_client=samples_per_client, device="cpu" if device == "auto" else device)
+                           samples_per_client=samples_per_client, device="cpu" if device == "auto" else device,
+                           mpirun=mpirun)
         with tempfile.TemporaryDirectory() as tmp:
             rows = many_clients(algos.split(","), sorted(float(f) for f in fractions.split(",")), ranks[-1],
                                 run_options, private_memory, Path(tmp))
@@ -276,7 +288,8 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                                                                   eval_every))[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
-                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, ("--algo", algo))[1:]
+                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, ("--algo", algo),
+                                            mpirun)[1:]
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
                                            samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
                                            ("--algo", algo))[1:]
@@ -313,6 +326,8 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
         "ratio_to_placement_bound": {f"{k}_ranks": v for k, v in to_bound.items()},
         "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
+        "images_per_second_per_rank": {f"{k}_ranks": images / sim_s[k] / k for k in ranks},
+        "peak_gpu_bytes_per_client_rank": {f"{k}_ranks": v[-1]["memory"]["peak_gpu"][1:] for k, v in sims.items()},
         "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k, last_evaluated)
                                for k, v in sims.items()},
                             "in_process": wire_bytes(session, in_process[-1]["bytes"], 1, last_evaluated)},
@@ -336,6 +351,11 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                f"ratio to bare {one_process / bare_s:5.3f}")
     for k, v in split.items():
         click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
+    if on_gpu:
+        for k in ranks:
+            peaks = result["peak_gpu_bytes_per_client_rank"][f"{k}_ranks"]
+            click.echo(f"  {k} client rank(s) on the GPU: {images / sim_s[k] / k:8.0f} images/s per rank, peak GPU "
+                       f"memory per rank (allocator) " + " / ".join(f"{b / 2**30:.2f}" for b in peaks) + " GiB")
     for k, v in result["bytes_per_round"].items():
         click.echo(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
                    f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata and padding "

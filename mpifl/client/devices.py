@@ -1,6 +1,8 @@
-"""Node-local GPU binding and per-rank CPU threads (README, "How a run works")."""
+"""Node-local GPU binding, per-rank CPU threads and deterministic GPU kernels (README, "How a run works")."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -34,3 +36,19 @@ def threads_for(layout: NodeLayout, requested: int) -> int:
     rank sleeps while clients train and takes no share.
     """
     return requested if requested > 0 else max(1, layout.cores // layout.sharing)
+
+
+def deterministic_kernels(device: torch.device) -> None:
+    """``--deterministic``: on a GPU, kernels that give the same bits for the same inputs in every run.
+
+    ``torch.use_deterministic_algorithms`` (an operation with no deterministic CUDA kernel then raises, see
+    :func:`mpifl.models.pooling.global_avg_pool`), cuBLAS with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``,
+    read when its first handle is made, so before any GPU work) and cuDNN without benchmarking, restricted
+    to its deterministic algorithms.  CPU kernels are deterministic already: nothing changes there.
+    """
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

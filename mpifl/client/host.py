@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms import ClientState
+from ..errors import MpiflError
 from ..job.checkpoint import Checkpoint, FileRecord, load_adopted, load_clients, save_clients
 from ..job.faults import maybe_inject
 from ..job.signals import StopRequest
@@ -80,6 +81,11 @@ class ClientHost:
     def run(self) -> None:
         try:
             self._run()
+        except RuntimeError as exc:  # a kernel without a deterministic version, under --deterministic
+            if "does not have a deterministic implementation" not in str(exc):
+                raise
+            raise MpiflError(f"--deterministic: {str(exc).split(', but')[0]} in this model, so its runs cannot "
+                             "repeat bit for bit on a GPU; run without --deterministic") from exc
         finally:
             self.clients.close()
 
@@ -148,7 +154,8 @@ class ClientHost:
             seconds = record(RANK_SECONDS, train=trained_at - evaluated_at - uploading, evaluate=evaluated_at - start,
                              data=self.data_seconds, communication=moving - transport[0],
                              waiting=waiting - transport[1])
-            messages.rank.pack(rank_report(seconds, self.stop.signum, saved.nbytes, saved.sha256), out=report)
+            messages.rank.pack(rank_report(seconds, self.stop.signum, saved.nbytes, saved.sha256, self.device),
+                               out=report)
             counts = [0] * self.comm.size
             counts[self.comm.rank] = send.nbytes
             if self.device_buffers:

@@ -114,6 +114,9 @@ _HELP = {
     "channels_last": "store conv weights and images NHWC (faster with tensor cores)",
     "compile": "torch.compile each client rank's feature extractor (minutes of compiling once per rank; pays off "
                "on GPUs over long runs)",
+    "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms, cuBLAS workspace, cuDNN): a GPU "
+                     "run then repeats bit for bit, over any number of ranks, at some cost in speed; CPU runs "
+                     "always do",
     "gpu_buffers": "where a GPU rank's messages live: auto (on the GPU when the MPI library is CUDA-aware, else "
                    "pinned host memory), pinned, or device (for a CUDA-aware MPI that cannot say so)",
     "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1 or "
@@ -124,7 +127,7 @@ _HELP = {
 
 # Options a resumed run may change: how it runs, not what it computes.
 RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
-             "ckpt_every", "round_timeout", "gpu_buffers")
+             "ckpt_every", "round_timeout", "gpu_buffers", "deterministic")
 
 
 def _core_options() -> list[click.Option]:

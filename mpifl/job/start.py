@@ -30,7 +30,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from ..client.devices import pick_device, threads_for
+from ..client.devices import deterministic_kernels, pick_device, threads_for
 from ..client.host import ClientHost
 from ..data import ensure_dataset
 from ..dirlock import DirectoryLock
@@ -168,7 +168,10 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
                 torch.set_num_threads(1)
                 return session, None, resumed
             torch.set_num_threads(threads_for(layout, cfg.threads))
-            return session, ClientHost(session, comm, pick_device(cfg.device, layout), run_dir, resumed,
+            device = pick_device(cfg.device, layout)
+            if cfg.deterministic:
+                deterministic_kernels(device)
+            return session, ClientHost(session, comm, device, run_dir, resumed,
                                        stop), resumed
 
         session, host, resumed = collectively(comm, lambda: traceback_dir, setup_ranks)

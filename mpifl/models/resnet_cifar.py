@@ -36,6 +36,7 @@ from torch.nn import functional as F
 from mpifl.models.checks import ceil_half, check_image_size, check_kinds
 from mpifl.models.fednn import WNConv2d
 from mpifl.models.norm import make_conv, make_norm
+from mpifl.models.pooling import global_avg_pool
 
 MIN_SIDE = 8
 PAPER_SIZE = 32
@@ -104,7 +105,7 @@ class CifarResNet(nn.Module):
         """Globally pooled features of the last stage, shape (B, 64)."""
         x = F.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
-        return F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return global_avg_pool(x).flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encode(x))

@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from mpifl.errors import MpiflError
 from mpifl.models.norm import make_conv, make_norm
+from mpifl.models.pooling import global_avg_pool
 
 MIN_IMAGE_SIZE = 8
 
@@ -49,7 +50,7 @@ class SmallCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.norm1(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)
         x = F.relu(self.norm3(self.conv3(x)))
-        return F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return global_avg_pool(x).flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encode(x))

@@ -78,6 +78,7 @@ from torchvision.models import resnet as tv_resnet
 
 from mpifl.models.checks import ceil_half, check_image_size, check_kinds
 from mpifl.models.norm import make_norm
+from mpifl.models.pooling import global_avg_pool
 from mpifl.models.surgery import replace_convs, replace_norms, set_input_channels
 
 IMAGENET_FLOOR = 32
@@ -97,7 +98,7 @@ class ResNetFL(tv_resnet.ResNet):
         """Flattened global-average-pooled features of ``layer4``."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return torch.flatten(self.avgpool(x), 1)
+        return torch.flatten(global_avg_pool(x), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encode(x))
@@ -116,7 +117,7 @@ class MobileNetV2FL(tv_mobilenetv2.MobileNetV2):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Globally pooled features (B, 1280), after the head's Dropout(0.2) in training."""
-        x = F.adaptive_avg_pool2d(self.features(x), (1, 1))
+        x = global_avg_pool(self.features(x))
         return self.dropout(torch.flatten(x, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +140,7 @@ class DenseNetFL(tv_densenet.DenseNet):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """features -> ReLU -> global average pool, (B, 1024) for DenseNet-121."""
         out = F.relu(self.features(x))
-        return torch.flatten(F.adaptive_avg_pool2d(out, (1, 1)), 1)
+        return torch.flatten(global_avg_pool(out), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encode(x))

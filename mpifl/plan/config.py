@@ -93,6 +93,7 @@ class RunConfig:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    deterministic: bool = False  # deterministic CUDA kernels (mpifl.client.devices.deterministic_kernels)
     gpu_buffers: str = "auto"
     ckpt_every: int = 0
     round_timeout: float = 0.0

@@ -8,7 +8,7 @@ One JSON line per round::
      "seconds": {"round": .., "compute": .., "data": .., "evaluation": .., "communication": .., "waiting": ..,
                  "waiting_cpu": .., "aggregation": ..},
      "rank_seconds": {"compute": [..], "data": [..], "evaluation": [..], "communication": [..], "waiting": [..]},
-     "memory": {"peak_rss": [..]},
+     "memory": {"peak_rss": [..], "peak_gpu": [..]},
      "eval": {"global": {"test": {"mean": {"acc", "loss"}, "domains": {d: {"acc", "loss", "n"}},
                                   "clients": {"0": {"acc", "loss", "n"}}}, "val": {..}}}}
 

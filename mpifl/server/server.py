@@ -190,5 +190,6 @@ class Server:
                       "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
             "rank_seconds": {name: seconds[field].tolist() for name, field in RANK_FIELDS},
-            "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports]},
+            "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports],
+                       "peak_gpu": [0] + [int(report["rank.peak_gpu"]) for report in reports]},
         }

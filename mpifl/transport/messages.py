@@ -4,7 +4,8 @@ Down (one ``Bcast``): a header (command, round, which round to evaluate)
 followed by the algorithm's download tensors.
 
 Up, first one ``Gatherv``: each client rank sends, in this order,
-  1. its report: timings (``rank.seconds``), its peak resident memory so far (``rank.peak_rss``), the
+  1. its report: timings (``rank.seconds``), its peak resident and GPU memory so far (``rank.peak_rss``,
+     ``rank.peak_gpu``), the
      stop signal it received, if any (``rank.stop``, so that a signal reaching one rank stops the whole
      job), and, when the header asked it to save, the size and sha256 of the checkpoint file it wrote
      (``rank.saved_bytes``, ``rank.saved_sha256``),
@@ -85,6 +86,7 @@ class Messages:
         self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
         self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
                                 TensorSpec("rank.peak_rss", (), torch.int64),
+                                TensorSpec("rank.peak_gpu", (), torch.int64),
                                 TensorSpec("rank.stop", (), torch.int64),
                                 TensorSpec("rank.saved_bytes", (), torch.int64),
                                 TensorSpec("rank.saved_sha256", (32,), torch.uint8)])
@@ -125,11 +127,13 @@ class Messages:
                 [buf[base + i * c:base + (i + 1) * c] for i in range(num_trained)])
 
 
-def rank_report(seconds: torch.Tensor, stop_signal: int, saved_bytes: int, saved_sha256: str) -> dict:
+def rank_report(seconds: torch.Tensor, stop_signal: int, saved_bytes: int, saved_sha256: str,
+                device: torch.device) -> dict:
     """A client rank's report, the tensors of :attr:`Messages.rank`: its :data:`RANK_SECONDS` record, its peak
-    resident memory, the stop signal it received (0: none), and the size and sha256 (hex) of the checkpoint
-    file it wrote (0 and zeros)."""
-    return {"rank.seconds": seconds, "rank.peak_rss": torch.tensor(peak_rss()), "rank.stop": torch.tensor(stop_signal),
+    resident memory and peak GPU memory on ``device``, the stop signal it received (0: none), and the size and
+    sha256 (hex) of the checkpoint file it wrote (0 and zeros)."""
+    return {"rank.seconds": seconds, "rank.peak_rss": torch.tensor(peak_rss()),
+            "rank.peak_gpu": torch.tensor(peak_gpu(device)), "rank.stop": torch.tensor(stop_signal),
             "rank.saved_bytes": torch.tensor(saved_bytes),
             "rank.saved_sha256": torch.frombuffer(bytearray.fromhex(saved_sha256), dtype=torch.uint8)}
 
@@ -138,6 +142,12 @@ def peak_rss() -> int:
     """This process's peak resident memory in bytes (Linux reports kilobytes, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def peak_gpu(device: torch.device) -> int:
+    """The most GPU memory this process's allocator has held on ``device`` so far, in bytes (0 off a GPU);
+    the CUDA context (some 500 MB a process) comes on top."""
+    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0
 
 
 def saved_file(report: dict) -> tuple[int, str]:

@@ -25,8 +25,8 @@ Three properties matter beyond moving bytes:
   looks for ``POSTED`` each time it posts a message and while it waits in
   :meth:`MpiComm.complete`, so rank 0 folds a rank's uploads while it trains
   its next clients.  Every control message is received: a sender takes every
-  ``POSTED`` before its last message leaves, and rank 0 every ``SENDING``
-  before the next barrier lets anyone go.  Time spent sleeping counts as
+  ``POSTED`` before its last message leaves, and rank 0 the ``SENDING`` of
+  every message it receives before its receive returns.  Time spent sleeping counts as
   waiting (``seconds_waiting``), time spent spinning while bytes move as
   communication (``seconds_moving``), on both sides.
 * **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
@@ -167,13 +167,11 @@ class MpiComm(Comm):
         self._control.append((self.comm.Isend(data, dest=dest, tag=tag), data))
 
     def _barrier(self, what: str) -> None:
-        """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived
-        (and it has taken every SENDING: a rank arrives only once its messages have left)."""
+        """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived."""
         if self.rank == 0:
             clients = range(1, self.size)
             self.wait([Pending(r, 0, self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED))
-                       for r in clients], what,
-                      owed=lambda: [r for r in clients if self._sending[r] < self._expected[r]])
+                       for r in clients], what)
             MPI.Request.Waitall([request for request, _ in self._control])  # POSTED: every rank has taken them
             self._control = []
             MPI.Request.Waitall([self.comm.Isend(self._token, dest=r, tag=GO) for r in clients])
@@ -236,7 +234,9 @@ class MpiComm(Comm):
                                        self.comm.Irecv(message, source=source, tag=UPLOAD)))
             for source in sorted(set(sources)):
                 self._send_control(self._expected[source], source, POSTED)
-            self.wait(pending, what, moving=lambda still: any(p.number <= self._sending[p.peer] for p in still))
+            # a sender announces its messages (SENDING) before they leave: once they are in, take that too
+            self.wait(pending, what, moving=lambda still: any(p.number <= self._sending[p.peer] for p in still),
+                      owed=lambda: [r for r in set(sources) if self._sending[r] < self._expected[r]])
 
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:

@@ -156,7 +156,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
     gathered = int(manifest.stdout.split("gathered whole by rank 0")[1].split(" tensors, ")[1].split(" bytes")[0]
                    .replace(",", ""))
-    header, meta, report = 3 * 8, 7 * 8, 5 * 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
+    header, meta, report = 3 * 8, 7 * 8, 5 * 8 + 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
     eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
     for record in read_metrics(run):
         k = len(record["clients"])
