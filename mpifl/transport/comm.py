@@ -109,10 +109,10 @@ class Comm:
     @contextlib.contextmanager
     def _waiting(self):
         """Count the time inside, and its CPU time, as waiting for other ranks (``seconds_waiting``)."""
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         yield
         self.seconds_waiting += time.perf_counter() - start
-        self.cpu_seconds_waiting += time.process_time() - cpu_start
+        self.cpu_seconds_waiting += time.thread_time() - cpu_start
 
     # ------------------------------------------------------------ set-up only
     def bcast_object(self, obj: Any) -> Any:

@@ -118,7 +118,7 @@ class MpiComm(Comm):
         """
         sleep = FIRST_SLEEP
         start = idle_since = time.monotonic()
-        clock, cpu = time.perf_counter(), time.process_time()
+        clock, cpu = time.perf_counter(), time.thread_time()
         while True:
             self._take_control()
             spinning = bool(pending) and moving(pending)
@@ -140,7 +140,7 @@ class MpiComm(Comm):
 
     def _count(self, moving: bool, clock: float, cpu: float) -> tuple[float, float]:
         """Add the time since ``clock`` (and CPU time since ``cpu``) to bytes moving or to waiting."""
-        now, cpu_now = time.perf_counter(), time.process_time()
+        now, cpu_now = time.perf_counter(), time.thread_time()
         if moving:
             self.seconds_moving += now - clock
         else:
@@ -193,7 +193,7 @@ class MpiComm(Comm):
     def _complete(self, handles: list[Outgoing], what: str) -> None:
         """Send the messages of ``handles`` (and those before them) as rank 0 comes to receive them."""
         last = max((h.number for h in handles), default=0)
-        clock, cpu = time.perf_counter(), time.process_time()
+        clock, cpu = time.perf_counter(), time.thread_time()
         sleep, start = FIRST_SLEEP, time.monotonic()
         while True:
             self._take_control()
