@@ -14,7 +14,7 @@
 # det before), BEFORE (a checkout of mpifl to time the used-by command with).
 set -uo pipefail
 SRC=$(realpath "$1"); WORK=$(realpath -m "$2")
-PY=${PYTHON:-python3}; MPIRUN=${MPIRUN:-mpirun}; SIZE=${SIZE:-224}; DEVICE=${DEVICE:-cuda}
+PY=$(command -v "${PYTHON:-python3}"); MPIRUN=${MPIRUN:-mpirun}; SIZE=${SIZE:-224}; DEVICE=${DEVICE:-cuda}
 STEPS=" ${STEPS:-data r18 r50 bench det before} "
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$WORK/runs" "$WORK/logs"

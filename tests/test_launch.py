@@ -36,6 +36,7 @@ def test_local_launcher_passes_mpifl_errors_through(tmp_path):
 
 NODE_PROBE = """
 import json
+import os
 import sys
 import torch
 from mpi4py import MPI
@@ -48,12 +49,14 @@ layout = MpiComm().node_layout()
 device = pick_device("auto", layout) if MPI.COMM_WORLD.rank else None
 with open(f"{sys.argv[1]}/rank-{MPI.COMM_WORLD.rank}.json", "w") as f:  # not stdout: ranks' lines interleave
     json.dump({"rank": MPI.COMM_WORLD.rank, "node_ranks": layout.node_ranks, "clients": layout.client_ranks,
-               "index": layout.client_index, "device": str(device), "threads": threads_for(layout, 0)}, f)
+               "index": layout.client_index, "device": str(device), "threads": threads_for(layout, 0),
+               "launcher_local_rank": int(os.environ["MPI_LOCALRANKID"])}, f)
 """
 
 
 def test_gpu_binding_is_node_local_on_a_fake_two_node_layout(tmp_path):
-    """Hydra's fork bootstrap starts every "host" here, and MPI still sees one node per host name.
+    """Hydra's fork bootstrap starts every "host" here, and MPI still sees one node per host name (as does
+    the launcher's MPI_LOCALRANKID).
 
     ``-hosts nodea:2,nodeb:1``: ranks 0 (server) and 1 on nodea, rank 2 on nodeb, no ssh.  Binding by
     node-local client index gives rank 2 its node's first GPU (a global rank would give it cuda:1).
@@ -73,5 +76,9 @@ def test_gpu_binding_is_node_local_on_a_fake_two_node_layout(tmp_path):
     assert [ranks[r]["clients"] for r in range(3)] == [[1], [1], [2]]
     assert [ranks[r]["index"] for r in range(3)] == [-1, 0, 0]
     assert [ranks[r]["device"] for r in (1, 2)] == ["cuda:0", "cuda:0"]
+    # the launcher's own node-local rank (Hydra's MPI_LOCALRANKID) agrees: on the server's node the client
+    # ranks come after it
+    assert [ranks[r]["launcher_local_rank"] for r in range(3)] == [0, 1, 0]
+    assert all(ranks[r]["index"] == ranks[r]["launcher_local_rank"] - (0 in ranks[r]["node_ranks"]) for r in (1, 2))
     cores = len(os.sched_getaffinity(0))
     assert ranks[1]["threads"] == ranks[2]["threads"] == cores  # one client rank per node: all its cores

@@ -2,8 +2,10 @@
 
 Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
 (scalars only), train the hosted clients of the round one after the other in id order, post each one's
-summed upload to rank 0 as soon as it is trained (at most ``SEND_WINDOW_BYTES`` of them on their way: rank 0
-folds them while this rank trains the next), and send the records and small uploads in one gather.  Between
+summed upload to rank 0 as soon as it is trained (it leaves at once if rank 0 is receiving it, else at a
+later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0 folds them while this rank trains the next),
+and send the records and small uploads in one gather; the transport's time, bytes moving and waiting for
+rank 0, is reported apart from training (``rank.seconds``).  Between
 clients only tensors are swapped in and out of one model instance: the download, then the client's private
 state (:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
 ``--private-memory``).  What a message asks of this rank is the round protocol's (:mod:`mpifl.plan.protocol`).
@@ -121,7 +123,7 @@ class ClientHost:
             early = not self.algo.reductions_need_results
             slots = min(len(work.trains), max(1, SEND_WINDOW_BYTES // max(size, 1))) if early else len(work.trains)
             summed = self.summed_buffer.get(slots * size)
-            posted = [None] * slots  # the send under way from each slot
+            posted = [None] * slots  # each slot's upload, until rank 0 has it
 
             start = time.perf_counter()
             if work.evaluates:

@@ -31,6 +31,11 @@ def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
     assert records[0]["bytes"]["down"] == records[0]["bytes"]["up"] > 0
     assert {"round", "compute", "data", "communication", "waiting", "waiting_cpu", "evaluation",
             "aggregation"} == set(records[0]["seconds"])
+    for record in records:  # the client host's own seconds; its transport time: the broadcast, the uploads
+        assert set(record["rank_seconds"]) == {"compute", "data", "evaluation", "communication", "waiting"}
+        assert all(len(v) == 1 and v[0] >= 0 for v in record["rank_seconds"].values())
+        assert record["rank_seconds"]["compute"][0] == record["seconds"]["compute"] > 0
+        assert record["memory"]["peak_gpu"] == [0, 0]  # on the CPU
     peaks = [r["memory"]["peak_rss"] for r in records]  # rank 0 and the client host, bytes, never falling
     assert all(len(p) == 2 and min(p) > 10 << 20 for p in peaks) and peaks == sorted(peaks)
     rows = list(csv.DictReader((run / "summary.csv").open()))
