@@ -58,7 +58,9 @@ class Job:
     seconds: float
 
     def lines(self, prefix: str) -> list[str]:
-        return [l for l in (self.stdout + self.stderr).splitlines() if l.startswith(prefix)]
+        """Output lines starting with ``prefix``; stdout may end mid-line (a progress line), so the two
+        streams are joined on a line break."""
+        return [l for l in (self.stdout + "\n" + self.stderr).splitlines() if l.startswith(prefix)]
 
 
 def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None,

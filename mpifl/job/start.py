@@ -220,6 +220,9 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
         _err(_crash_line(comm.rank, exc, run_dir))
         comm.abort(1)
     if stopped_by:
+        # no rank leaves before rank 0 has committed the checkpoint and said so: a launcher may end the whole
+        # job as soon as one process exits non-zero (Open MPI's does)
+        comm.arrive("rank 0 to commit the stop's checkpoint")
         sys.exit(EXIT_STOPPED)
 
 
