@@ -5,9 +5,9 @@ Each round (README, "How a run works"): receive the download, evaluate every hos
 summed upload to rank 0 as soon as it is trained (it leaves at once if rank 0 is receiving it, else at a
 later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0 folds them while this rank trains the next),
 and send the records and small uploads in one gather; the transport's time, bytes moving and waiting for
-rank 0, is reported apart from training (``rank.seconds``).  Between
-clients only tensors are swapped in and out of one model instance: the download, then the client's private
-state (:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
+rank 0, is reported apart from training (``rank.seconds``).  Between clients only tensors are swapped in and
+out of one model instance: the download, then the client's private state
+(:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
 ``--private-memory``).  What a message asks of this rank is the round protocol's (:mod:`mpifl.plan.protocol`).
 """
 

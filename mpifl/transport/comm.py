@@ -13,10 +13,10 @@ two collectives on flat ``uint8`` buffers (:mod:`mpifl.transport.wire`), :meth:`
 client-id order, a few at a time (:meth:`Comm.receive`), folding them as they come. The ``*_object``
 collectives carry a few small Python objects during set-up only. Each collective is preceded by
 :meth:`Comm.arrive`, a barrier that waits without spinning (the time is counted in ``seconds_waiting``); the
-bytes then move at full speed (``seconds_moving``).  The messages are split the same way: time waiting for
-the peer to come is waiting, time while their bytes move is moving, on both ends. A barrier knows which ranks have arrived, so a rank that
-gives up waiting (``timeout``, ``--round-timeout``) names the ranks that did not come, with their pid and host
-(:meth:`Comm.describe`).
+bytes then move at full speed (``seconds_moving``). The messages are split the same way: time waiting for
+the peer to come is waiting, time while their bytes move is moving, on both ends. A barrier knows which
+ranks have arrived, so a rank that gives up waiting (``timeout``, ``--round-timeout``) names the ranks that
+did not come, with their pid and host (:meth:`Comm.describe`).
 """
 
 from __future__ import annotations

@@ -193,18 +193,17 @@ class MpiComm(Comm):
     def _complete(self, handles: list[Outgoing], what: str) -> None:
         """Send the messages of ``handles`` (and those before them) as rank 0 comes to receive them."""
         last = max((h.number for h in handles), default=0)
-        clock, cpu = time.perf_counter(), time.thread_time()
         sleep, start = FIRST_SLEEP, time.monotonic()
         while True:
             self._take_control()
-            self._send_posted(what)
+            self._send_posted(what)  # counts its own time, as bytes moving
             if self._sent >= last:
-                self._count(False, clock, cpu)
                 return
-            clock, cpu = self._count(False, clock, cpu)
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 raise self.timed_out(what, [0])
-            time.sleep(sleep)
+            clock, cpu = time.perf_counter(), time.thread_time()
+            time.sleep(sleep)  # rank 0 has not posted their receives yet
+            self._count(False, clock, cpu)
             sleep = min(sleep * 2, self.max_sleep)
 
     def _send_posted(self, what: str) -> None:
@@ -218,7 +217,7 @@ class MpiComm(Comm):
             pending = [Pending(0, m.number, self.comm.Isend(types.enter_context(self._typed(m.buf)), dest=0,
                                                             tag=UPLOAD)) for m in ready]
         self.wait(pending, what, moving=lambda still: True)
-        MPI.Request.Waitall([request for request, _ in self._control])  # the SENDING, before the data: taken
+        MPI.Request.Waitall([request for request, _ in self._control])  # the SENDING: a small send, long gone
         self._control = []
         self._outbox = self._outbox[len(ready):]
         self._sent = ready[-1].number
