@@ -74,6 +74,7 @@ from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
 from .algorithms.reduction import weighted_sum
+from .job.world import own_mpirun
 from .plan.config import RunConfig
 from .models import build_model
 from .plan.placement import place_clients
@@ -149,20 +150,14 @@ def _bare_on_host(session_args: tuple, loop_args: tuple, clients: list[int]) -> 
     return bare_round_seconds(bench_session(*session_args), *loop_args, only=clients)
 
 
-def default_mpirun() -> str:
-    """The launcher: the ``mpirun`` installed beside this Python (pip's MPICH or Open MPI), else the one on PATH."""
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else "mpirun"
-
-
 def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
                      batch_size: int, lr: float, threads: int, clients_per_domain: int, samples_per_client: int,
                      device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = (),
                      mpirun: str | None = None) -> list[dict]:
     """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under ``mpirun`` (a command
-    line, default :func:`default_mpirun`) with ``client_ranks`` client ranks, or in one process (None);
+    line; default: the one beside this Python, :func:`~mpifl.job.world.own_mpirun`, else PATH's) with ``client_ranks`` client ranks, or in one process (None);
     ``eval_every`` 0: evaluate after the last round only; ``extra``: more options of mpifl.run."""
-    launcher = [] if client_ranks is None else [*shlex.split(mpirun or default_mpirun()), "-n", str(client_ranks + 1)]
+    launcher = [] if client_ranks is None else [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)]
     cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),

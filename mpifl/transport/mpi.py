@@ -52,7 +52,7 @@ import torch
 from mpi4py import MPI
 
 from ..job.abort import abort_world
-from .comm import Comm
+from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .topology import NodeLayout, affinity
 from .wire import Buffer
@@ -118,7 +118,7 @@ class MpiComm(Comm):
         """
         sleep = FIRST_SLEEP
         start = idle_since = time.monotonic()
-        clock, cpu = time.perf_counter(), time.thread_time()
+        clock, cpu = clocks()
         while True:
             self._take_control()
             spinning = bool(pending) and moving(pending)
@@ -137,16 +137,6 @@ class MpiComm(Comm):
             clock, cpu = self._count(False, clock, cpu)
             longest = min(LONG_WAIT_SLEEP, (time.monotonic() - idle_since) / 100)
             sleep = min(sleep * 2, max(self.max_sleep, longest))
-
-    def _count(self, moving: bool, clock: float, cpu: float) -> tuple[float, float]:
-        """Add the time since ``clock`` (and CPU time since ``cpu``) to bytes moving or to waiting."""
-        now, cpu_now = time.perf_counter(), time.thread_time()
-        if moving:
-            self.seconds_moving += now - clock
-        else:
-            self.seconds_waiting += now - clock
-            self.cpu_seconds_waiting += cpu_now - cpu
-        return now, cpu_now
 
     def _take_control(self) -> None:
         """Rank 0: take every SENDING.  A client rank: take every POSTED."""
@@ -201,9 +191,8 @@ class MpiComm(Comm):
                 return
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 raise self.timed_out(what, [0])
-            clock, cpu = time.perf_counter(), time.thread_time()
-            time.sleep(sleep)  # rank 0 has not posted their receives yet
-            self._count(False, clock, cpu)
+            with self._waiting():  # rank 0 has not posted their receives yet
+                time.sleep(sleep)
             sleep = min(sleep * 2, self.max_sleep)
 
     def _send_posted(self, what: str) -> None:
