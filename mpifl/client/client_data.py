@@ -12,7 +12,8 @@ scale-and-shift, ``x = (p / 255 - mean) / std = p * (1 / (255 std)) - mean /
 std``, with the (mean, std) its :class:`~mpifl.client.normalize.Normalizer` gives: the
 dataset's as ``--input-norm`` says (:func:`~mpifl.client.normalize.input_stats`), drawn per
 batch or per image under FedRDN (``--aug``);
-training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`).
+training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`), which move a
+segmentation task's masks with their images.
 
 Epoch order: resident data follow one seeded permutation of all rows;
 streamed data visit their blocks in a seeded order and permute the rows
@@ -139,12 +140,17 @@ class ClientData:
     def size(self, split: str) -> int:
         return len(self.labels[split])
 
-    def _input(self, pixels: torch.Tensor, affine, rng: np.random.Generator | None = None) -> torch.Tensor:
+    def _input(self, pixels: torch.Tensor, affine, rng: np.random.Generator | None = None,
+               labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's input and the labels; with ``rng``, both through ``--train-transforms`` (labels with
+        more than one dimension are masks and move with the image, :mod:`~mpifl.client.transforms`)."""
         scale, shift = affine
         x = pixels.float()
         if rng is not None and self.transforms:
-            x = self.transforms(x, rng)
-        return torch.addcmul(shift, x, scale)
+            masks = labels if labels is not None and labels.dim() > 1 else None
+            x, masks = self.transforms.with_masks(x, masks, rng)
+            labels = labels if masks is None else masks
+        return torch.addcmul(shift, x, scale), labels
 
     def train_batches(self, rng: np.random.Generator, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch in a seeded random order.
@@ -156,12 +162,13 @@ class ClientData:
         for pixels, index in self.images["train"].shuffled(rng, batch_size):
             if len(pixels) == 1 and batch_size > 1:
                 return
-            yield self._input(pixels, self.normalizer.train(len(pixels), rng), rng), self.labels["train"][index].long()
+            x, labels = self._input(pixels, self.normalizer.train(len(pixels), rng), rng, self.labels["train"][index])
+            yield x, labels.long()
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         affine = self.normalizer.eval()
         for pixels, index in self.images[split].in_order(batch_size):
-            yield self._input(pixels, affine), self.labels[split][index].long()
+            yield self._input(pixels, affine)[0], self.labels[split][index].long()
 
     def pixel_chunks(self, split: str) -> Iterator[torch.Tensor]:
         """The split's uint8 images in chunks, for statistics over a whole split."""

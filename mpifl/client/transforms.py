@@ -24,12 +24,22 @@ trains the client), and no per-image Python work:
   [-0.2, 0.2] of the colour circle (HSV hue; single-channel images skip
   saturation and hue), in that fixed order, clamped to [0, 255].
 
+A segmentation batch's masks (N, H, W) move with their images: ``flip``,
+``rotate`` and ``crop`` are geometric and apply each image's drawn flip,
+angle or window to its mask too, by nearest pixel, so labels stay in the
+label set; what the image fills, the mask fills alike (``rotate``: 0,
+background; ``crop``: the reflected mask).  ``jitter`` and ``jitter-hue`` are
+photometric and leave masks alone.  Each transform first draws its
+parameters for the batch, then returns the operation that applies them
+(:data:`Warp`), so a mask costs no extra draw and a batch without one sees
+the same draws and numbers.
+
 Evaluation never transforms.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -47,12 +57,15 @@ def parse(text: str) -> tuple[str, ...]:
     return names
 
 
-def flip(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+Warp = Callable[[torch.Tensor], torch.Tensor]  # drawn parameters applied to a float (N, C, H, W) tensor
+
+
+def _flip(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     flipped = torch.as_tensor(rng.random(len(x)) < 0.5, device=x.device)
-    return torch.where(flipped[:, None, None, None], x.flip(-1), x)
+    return lambda t: torch.where(flipped[:, None, None, None], t.flip(-1), t)
 
 
-def rotate(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+def _rotate(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     angles = np.deg2rad(rng.uniform(-ROTATE_DEGREES, ROTATE_DEGREES, size=len(x)))
     cos, sin = (torch.as_tensor(f(angles), dtype=x.dtype, device=x.device) for f in (np.cos, np.sin))
     n, _, h, w = x.shape
@@ -62,19 +75,23 @@ def rotate(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     theta[:, 0, 0], theta[:, 0, 1] = cos, -sin * h / w
     theta[:, 1, 0], theta[:, 1, 1] = sin * w / h, cos
     grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
-    return torch.nn.functional.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    return lambda t: torch.nn.functional.grid_sample(t, grid, mode="nearest", padding_mode="zeros",
+                                                     align_corners=False)
 
 
-def crop(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+def _crop(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     n, _, h, w = x.shape
     pad = max(1, round(min(h, w) / 8))
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad), mode="reflect")
     dy = torch.as_tensor(rng.integers(0, 2 * pad + 1, size=n), device=x.device)
     dx = torch.as_tensor(rng.integers(0, 2 * pad + 1, size=n), device=x.device)
     rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]  # (N, H, 1)
     cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, :]  # (N, 1, W)
-    picked = padded[torch.arange(n, device=x.device)[:, None, None], :, rows, cols]  # (N, H, W, C)
-    return picked.permute(0, 3, 1, 2).contiguous()
+
+    def warp(t: torch.Tensor) -> torch.Tensor:
+        padded = torch.nn.functional.pad(t, (pad, pad, pad, pad), mode="reflect")
+        picked = padded[torch.arange(n, device=t.device)[:, None, None], :, rows, cols]  # (N, H, W, C)
+        return picked.permute(0, 3, 1, 2).contiguous()
+    return warp
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
@@ -96,10 +113,10 @@ def _color(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+def _jitter(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     factors = torch.as_tensor(rng.uniform(1 - JITTER, 1 + JITTER, size=(3, len(x))), dtype=x.dtype,
                               device=x.device)[:, :, None, None, None]
-    return _color(x, factors)
+    return lambda t: _color(t, factors)
 
 
 def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -117,21 +134,52 @@ def _hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, dim=1) * 255
 
 
-def jitter_hue(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+def _jitter_hue(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     p, strength, hue = JITTER_HUE
     n = len(x)
     picked = torch.as_tensor(rng.random(n) < p, device=x.device)
     factors = torch.as_tensor(rng.uniform(1 - strength, 1 + strength, size=(3, n)), dtype=x.dtype,
                               device=x.device)[:, :, None, None, None]
     shifts = torch.as_tensor(rng.uniform(-hue, hue, size=n), dtype=x.dtype, device=x.device)
-    out = _color(x, factors)
-    if x.shape[1] == 3:
-        out = _hue_shift(out, shifts).clamp(0, 255)
-    return torch.where(picked[:, None, None, None], out, x)
+
+    def warp(t: torch.Tensor) -> torch.Tensor:
+        out = _color(t, factors)
+        if t.shape[1] == 3:
+            out = _hue_shift(out, shifts).clamp(0, 255)
+        return torch.where(picked[:, None, None, None], out, t)
+    return warp
 
 
-_BY_NAME: dict[str, Callable[[torch.Tensor, np.random.Generator], torch.Tensor]] = {
-    "flip": flip, "rotate": rotate, "crop": crop, "jitter": jitter, "jitter-hue": jitter_hue}
+class Transform(NamedTuple):
+    """``draw(x, rng)`` draws the batch's parameters and returns the :data:`Warp` applying them; a geometric
+    one's warp also moves the masks."""
+    draw: Callable[[torch.Tensor, np.random.Generator], Warp]
+    geometric: bool
+
+
+_BY_NAME: dict[str, Transform] = {
+    "flip": Transform(_flip, True), "rotate": Transform(_rotate, True), "crop": Transform(_crop, True),
+    "jitter": Transform(_jitter, False), "jitter-hue": Transform(_jitter_hue, False)}
+
+
+def flip(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _flip(x, rng)(x)
+
+
+def rotate(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _rotate(x, rng)(x)
+
+
+def crop(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _crop(x, rng)(x)
+
+
+def jitter(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _jitter(x, rng)(x)
+
+
+def jitter_hue(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _jitter_hue(x, rng)(x)
 
 
 class TrainTransforms:
@@ -147,6 +195,17 @@ class TrainTransforms:
         return bool(self.steps)
 
     def __call__(self, x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        return self.with_masks(x, None, rng)[0]
+
+    def with_masks(self, x: torch.Tensor, masks: torch.Tensor | None,
+                   rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Images (N, C, H, W) float and their integer masks (N, H, W), or None, transformed alike: the
+        geometric steps apply each image's draw to its mask, nearest pixel, in the image's dtype and back (exact
+        for labels below 2^24 in float32); masks keep their dtype."""
+        moved = None if masks is None else masks.to(x.dtype)[:, None]
         for step in self.steps:
-            x = step(x, rng)
-        return x
+            warp = step.draw(x, rng)
+            x = warp(x)
+            if step.geometric and moved is not None:
+                moved = warp(moved)
+        return x, None if masks is None else moved[:, 0].to(masks.dtype)

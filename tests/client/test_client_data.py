@@ -9,7 +9,8 @@ import torch
 
 import mpifl.client.client_data as client_data
 from mpifl.plan.clients import make_clients
-from mpifl.client.normalize import check_input_norm
+from mpifl.client.normalize import check_input_norm, fixed
+from mpifl.client.transforms import TrainTransforms
 from mpifl.data import ensure_dataset
 from mpifl.data.manifest import build_manifest
 from mpifl.errors import MpiflError
@@ -130,3 +131,22 @@ def test_input_norm_a_dataset_cannot_use_is_a_one_line_error(data_root):
         check_input_norm("fixed", dataclasses.replace(manifest, name="pacs"))
     with pytest.raises(MpiflError, match="needs RGB images; styledigits has 1 channel"):
         check_input_norm("imagenet", dataclasses.replace(manifest, channels=1))
+
+
+# ------------------------------------------------------------------ --train-transforms on a segmentation task
+
+
+def test_training_batches_move_each_mask_with_its_image():
+    n, size = 40, 16
+    masks = torch.zeros(n, size, size, dtype=torch.uint8)
+    masks[:, 2:12, 1:4] = 1  # an L of two labels on the left: a flip or a turn moves it
+    masks[:, 9:12, 4:8] = 2
+    images = client_data.ResidentImages((masks * 100)[:, None].expand(n, 3, size, size).contiguous())
+    data = client_data.ClientData({"train": images}, {"train": masks}, fixed([0.0] * 3, [1 / 255] * 3),
+                                  TrainTransforms(("flip", "rotate", "crop")))  # scale 1, shift 0: x = pixels
+    batches = list(data.train_batches(np.random.default_rng(3), 8))
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert y.dtype == torch.int64 and y.shape == (n, size, size) and set(y.unique().tolist()) <= {0, 1, 2}
+    assert torch.equal(x, (y * 100)[:, None].expand(n, 3, size, size).float())  # every mask on its image
+    left = (y == 1)[:, :, : size // 2].sum(dim=(1, 2)) > (y == 1)[:, :, size // 2:].sum(dim=(1, 2))
+    assert 0 < left.sum() < n  # some flipped, some not

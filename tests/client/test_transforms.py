@@ -1,10 +1,11 @@
-"""--train-transforms: batched flip, rotate, crop, jitter and jitter-hue agree with their per-image definitions."""
+"""--train-transforms: batched flip, rotate, crop, jitter and jitter-hue agree with their per-image definitions;
+segmentation masks move with their images under the geometric ones."""
 
 import numpy as np
 import pytest
 import torch
 
-from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, parse, rotate
+from mpifl.client.transforms import TRANSFORMS, TrainTransforms, crop, flip, jitter, jitter_hue, parse, rotate
 
 
 def _batch(n=6, c=3, size=16):
@@ -86,3 +87,76 @@ def test_jitter_hue_is_gperxans_colour_jitter_on_half_the_images():
     assert torch.allclose(out[0, :, 0, 0], torch.tensor([0.0, 255, 0]), atol=1e-3)  # hue + 1/3 turn: green
     assert torch.equal(out[1], red[1])  # draw 0.9 >= 0.5: left alone
     assert torch.allclose(out[2], torch.full((3, 2, 2), 120.0))
+
+
+# ------------------------------------------------------------------ segmentation masks move with their images
+
+GEOMETRIC, PHOTOMETRIC = ("flip", "rotate", "crop"), ("jitter", "jitter-hue")
+LABELS = {1, 2}  # the masks' label set: 0 (background) appears only where a transform pads
+
+
+def _masked(n=32, size=24, dtype=torch.uint8):
+    """Masks of 1 with an off-centre L of 2 (a different place per image, so a flip or turn shows), and images
+    equal to them on all three channels."""
+    masks = torch.ones(n, size, size, dtype=dtype)
+    for i in range(n):
+        top, left = 2 + i % 5, 2 + i % 3
+        masks[i, top:top + 12, left:left + 3] = 2
+        masks[i, top + 9:top + 12, left:left + 8] = 2
+    return masks[:, None].expand(n, 3, size, size).float(), masks
+
+
+@pytest.mark.parametrize("name", GEOMETRIC)
+def test_a_geometric_transform_moves_each_mask_exactly_as_its_image(name):
+    x, masks = _masked()
+    steps = TrainTransforms((name,))
+    out, moved = steps.with_masks(x, masks, np.random.default_rng(4))
+    assert torch.equal(out, steps(x, np.random.default_rng(4)))  # the image as without a mask
+    assert moved.dtype == masks.dtype and moved.shape == masks.shape
+    assert set(moved.unique().tolist()) <= LABELS | {0}
+    for i in range(len(x)):  # every image's own draw, nearest pixel: the mask lies on the image's shape
+        assert torch.equal(out[i], moved[i][None].expand(3, -1, -1).float()), i
+    changed = [not torch.equal(moved[i], masks[i]) for i in range(len(x))]
+    assert 0 < sum(changed) and (name != "flip" or sum(changed) < len(x))  # several draws, flip both ways
+    if name == "flip":
+        assert all(torch.equal(moved[i], masks[i].flip(-1) if c else masks[i]) for i, c in enumerate(changed))
+
+
+def test_rotate_fills_the_mask_outside_the_turned_image_with_background():
+    x, masks = _masked()
+    angles = np.random.default_rng(4).uniform(-30, 30, size=len(x))
+    _, moved = TrainTransforms(("rotate",)).with_masks(x, masks, np.random.default_rng(4))
+    turned = np.abs(angles) > 10
+    assert turned.sum() > 5
+    for i in np.flatnonzero(turned):  # the corners come from outside the image: label 0
+        assert moved[i, 0, 0] == moved[i, 0, -1] == moved[i, -1, 0] == moved[i, -1, -1] == 0
+    assert (moved == 0).any(dim=(1, 2)).sum() >= turned.sum()
+
+
+def test_crop_reflects_the_mask_where_it_reflects_the_image():
+    x, masks = _masked()
+    out, moved = TrainTransforms(("crop",)).with_masks(x, masks, np.random.default_rng(6))
+    rng = np.random.default_rng(6)
+    dy, dx = rng.integers(0, 7, size=len(x)), rng.integers(0, 7, size=len(x))  # 24 px: pad 3
+    padded = torch.nn.functional.pad(masks[:, None].float(), (3, 3, 3, 3), mode="reflect")[:, 0].to(masks.dtype)
+    for i in range(len(x)):
+        assert torch.equal(moved[i], padded[i, dy[i]:dy[i] + 24, dx[i]:dx[i] + 24])
+    assert not (moved == 0).any()  # no padding value: the image is not zero-padded either
+
+
+@pytest.mark.parametrize("name", PHOTOMETRIC)
+def test_a_colour_transform_leaves_the_mask_alone(name):
+    x, masks = _masked()
+    x = x * torch.linspace(40, 100, 3)[None, :, None, None]  # colours, so that hue and saturation act
+    out, kept = TrainTransforms((name,)).with_masks(x, masks, np.random.default_rng(2))
+    assert torch.equal(out, TrainTransforms((name,))(x, np.random.default_rng(2)))
+    assert not torch.equal(out, x) and torch.equal(kept, masks) and kept.dtype == masks.dtype
+
+
+def test_the_whole_chain_moves_masks_by_its_geometric_draws_only():
+    x, masks = _masked(dtype=torch.int64)
+    _, moved = TrainTransforms(TRANSFORMS).with_masks(x * 100, masks, np.random.default_rng(8))
+    # the geometric steps come first and draw first: the same draws without the colour steps
+    out, alone = TrainTransforms(GEOMETRIC).with_masks(x, masks, np.random.default_rng(8))
+    assert torch.equal(moved, alone) and moved.dtype == torch.int64
+    assert torch.equal(out[:, 0], alone.float()) and not torch.equal(alone, masks)
