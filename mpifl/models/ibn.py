@@ -9,10 +9,13 @@ channels, the first ``h = floor(C / 2)`` channels are instance-normalized
 
 as the authors' public code (``IBN(planes, ratio=0.5)``: ``half = int(planes
 * ratio)``).  Both halves use torch's defaults (eps 1e-5, BN momentum 0.1).
+IBN-Net's DenseNet builder (``ibnnet/densenet_ibn.py``) splits otherwise: BN on
+the first ``int(0.6 C)`` channels, IN on the rest (``in_features``,
+``in_first=False``).
 
-Where the layers go (IBN-a: the first norm of each residual block of the
-first stages, not the last stage, the stem's norm plain BN) is the placement
-rule of :func:`~mpifl.models.surgery.place_composite_norms`.
+Where the layers go and with which split (IBN-Net's sites per architecture)
+is :func:`~mpifl.models.surgery.ibn_sites`, applied by
+:func:`~mpifl.models.surgery.place_composite_norms`.
 
 State-dict keys relative to the layer, and the side
 :func:`mpifl.models.state_entries` reports (``module_kind="ibn"``):
@@ -31,14 +34,23 @@ from torch import nn
 
 
 class IBN(nn.Module):
-    """IBN-a: IN (affine) on the first ``C // 2`` channels, BN on the rest."""
+    """IBN-a: IN (affine) on ``in_features`` channels (default ``C // 2``), the first ones (``in_first``) or
+    the last ones, BN on the others."""
 
-    def __init__(self, num_features: int):
+    def __init__(self, num_features: int, in_features: int | None = None, in_first: bool = True):
         super().__init__()
         self.num_features = num_features
-        self.half = num_features // 2
+        self.half = num_features // 2 if in_features is None else in_features
+        if not 0 < self.half < num_features:
+            raise ValueError(f"IBN needs 0 < IN channels < {num_features}, got {self.half}")
+        self.in_first = in_first
         self.inorm = nn.InstanceNorm2d(self.half, affine=True)
         self.bn = nn.BatchNorm2d(num_features - self.half)
+
+    @property
+    def split(self) -> tuple[int, bool]:
+        """(IN channels, whether they are the first channels)."""
+        return self.half, self.in_first
 
     @staticmethod
     def part_of(key: str) -> str:
@@ -49,5 +61,11 @@ class IBN(nn.Module):
         raise KeyError(f"{key!r} is not an IBN state entry")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first, rest = torch.split(x, [self.half, self.num_features - self.half], dim=1)
-        return torch.cat([self.inorm(first.contiguous()), self.bn(rest.contiguous())], dim=1)
+        if self.in_first:
+            first, rest = torch.split(x, [self.half, self.num_features - self.half], dim=1)
+            return torch.cat([self.inorm(first.contiguous()), self.bn(rest.contiguous())], dim=1)
+        rest, last = torch.split(x, [self.num_features - self.half, self.half], dim=1)
+        return torch.cat([self.bn(rest.contiguous()), self.inorm(last.contiguous())], dim=1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, in_features={self.half}, in_first={self.in_first}"

@@ -40,7 +40,9 @@ The kinds are the normalizations the multi-domain FL papers compare:
     IBN-Net's IBN-a layer (:class:`~mpifl.models.ibn.IBN`): IN (affine) on
     the first half of the channels, BN on the other half.  On vectors plain
     BatchNorm1d: IBN-a keeps BN wherever it puts no IN, and a feature vector
-    has no spatial instance statistics.
+    has no spatial instance statistics.  Which norms stay IBN, and with which
+    split (DenseNet: IN on the last 40 %), is the per-architecture rule of
+    :func:`~mpifl.models.surgery.ibn_sites`.
 ``dson``
     DSON's optimized normalization (:class:`~mpifl.models.dson.DSON`): BN and
     IN statistics mixed by learned softmax weights, one affine; every entry

@@ -38,7 +38,9 @@ device and floating dtype of the one it replaces.
 
 :func:`place_composite_norms` (``--norm-blocks``)
     keeps the composite norm layers (PerXAN, IBN, DSON) of the first stages
-    only and turns the later ones back into plain ``BatchNorm2d``.
+    only and turns the later ones back into plain ``BatchNorm2d``; IBN layers
+    only at the architecture's IBN-a sites (:func:`ibn_sites`: IBN-Net's
+    builders for ResNet and DenseNet, a stated rule for the others).
 """
 
 from __future__ import annotations
@@ -285,7 +287,8 @@ def insert_after(model: nn.Module, names: list[str], make: Callable[[int], nn.Mo
 # ------------------------------------------------------------------ composite norm placement
 def default_norm_blocks(model: nn.Module) -> str:
     """``--norm-blocks auto``: ``all`` for PerXAN and DSON (their authors' code replaces every BN); for IBN,
-    every stage but the last (IBN-a: IBN in ResNet's conv2_x..conv4_x, not conv5_x), at least one."""
+    every stage but the last (IBN-Net's builders: ResNet ``ibn_cfg=('a', 'a', 'a', None)``, DenseNet
+    dense blocks 1-3 of 4), at least one."""
     if any(isinstance(m, IBN) for m in model.modules()):
         return str(max(len(stage_outputs(model)) - 1, 1))
     return "all"
@@ -305,21 +308,118 @@ def _first_stages(model: nn.Module, blocks: str, flag: str) -> set[str] | None:
     return set(names[: cut + 1])
 
 
-def _residual_first_norms(model: nn.Module) -> set[str]:
-    """``<block>.bn1`` of every residual block (a submodule with ``bn1`` and ``bn2``: torchvision's
-    BasicBlock and Bottleneck, the CIFAR ResNet's block)."""
-    return {f"{name}.bn1" for name, m in model.named_modules()
-            if name and hasattr(m, "bn1") and hasattr(m, "bn2")}
+_DENSE_IN_RATIO = 0.4  # ibnnet/densenet_ibn.py: IBN(num_input_features, 0.4)
+
+
+def _half_first(channels: int) -> tuple[int, bool]:
+    """IBN-Net ``modules.py`` ``IBN(planes)``: IN on the first ``int(planes * 0.5)`` channels."""
+    return channels // 2, True
+
+
+def _dense_last(channels: int) -> tuple[int, bool]:
+    """IBN-Net ``densenet_ibn.py`` ``IBN(planes, 0.4)``: BN on the first ``int(planes * 0.6)``, IN on the rest."""
+    return channels - int(channels * (1 - _DENSE_IN_RATIO)), False
+
+
+def _residual_first_norms(model: nn.Module) -> list[str]:
+    """``<stage>.<block>.bn1`` of every residual block (torchvision's BasicBlock and Bottleneck, the
+    CIFAR ResNet's block), ``layerS.B.bn1``."""
+    return [name for name, _ in model.named_modules()
+            if name.startswith("layer") and name.count(".") == 2 and name.endswith(".bn1")]
+
+
+def _inverted_residual_first_norms(model: nn.Module) -> list[str]:
+    """``features.K.conv.0.1``: the first norm of every MobileNetV2 inverted-residual block."""
+    return [f"{name}.conv.0.1" for name, m in model.named_modules() if type(m).__name__ == "InvertedResidual"]
+
+
+def _every_third_dense_layer_norm1(model: nn.Module) -> list[str]:
+    """``norm1`` of dense layers 1, 4, 7, ... of every dense block (``i % 3 == 0``, i from 0)."""
+    names = []
+    for name, _ in model.named_modules():
+        parts = name.split(".")
+        if (len(parts) == 4 and parts[1].startswith("denseblock") and parts[2].startswith("denselayer")
+                and parts[3] == "norm1" and (int(parts[2][len("denselayer"):]) - 1) % 3 == 0):
+            names.append(name)
+    return names
+
+
+def _every_conv_norm(model: nn.Module) -> list[str]:
+    """Every 2-D norm layer: IBN layers and plain ``BatchNorm2d`` (not the BN half inside an IBN)."""
+    names: list[str] = []
+    for name, m in model.named_modules():
+        if names and name.startswith(names[-1] + "."):
+            continue  # inside the IBN layer listed just before
+        if isinstance(m, (IBN, nn.BatchNorm2d)):
+            names.append(name)
+    return names
+
+
+#: architecture (class name) -> (its IBN-a site names, the split of a site with C channels): :func:`ibn_sites`
+_IBN_RULES: dict[str, tuple[Callable[[nn.Module], list[str]], Callable[[int], tuple[int, bool]]]] = {
+    "ResNetFL": (_residual_first_norms, _half_first),
+    "CifarResNet": (_residual_first_norms, _half_first),
+    "DenseNetFL": (_every_third_dense_layer_norm1, _dense_last),
+    "MobileNetV2FL": (_inverted_residual_first_norms, _half_first),
+    "SmallCNN": (_every_conv_norm, _half_first),
+    "DigitModel": (_every_conv_norm, _half_first),
+    "LeNet": (_every_conv_norm, _half_first),
+    "AlexNet": (_every_conv_norm, _half_first),
+    "UNet": (_every_conv_norm, _half_first),
+}
+
+
+def ibn_sites(model: nn.Module) -> dict[str, tuple[int, bool]]:
+    """IBN-a's sites in ``model``, every stage counted: norm module name -> (IN channels, whether they
+    are the layer's first channels), by the architecture's rule (:data:`_IBN_RULES`).
+
+    IBN-Net's code (github.com/XingangPan/IBN-Net, ``ibnnet/``) has a builder per family, each with its
+    own rule:
+
+    * ``resnet_ibn.py`` (ResNet-18/34/50/101/152-IBN-a; ``resnext_ibn.py`` and ``se_resnet_ibn.py`` the
+      same): ``bn1`` of every BasicBlock/Bottleneck of layer1-layer3 is ``IBN(planes)`` of
+      ``modules.py``, IN (affine) on the first ``int(planes * 0.5)`` channels, BN on the rest; the
+      stem's ``bn1``, every ``bn2``/``bn3``, the downsample BNs and all of layer4 stay BN.
+    * ``densenet_ibn.py`` (DenseNet-121/169/201/161-IBN-a): in dense blocks 1-3, ``norm1`` of every
+      third dense layer (``denselayer1``, ``4``, ``7``, ...: ``i % 3 == 0`` counting from 0) is that
+      file's own ``IBN(C, 0.4)``: BN on the *first* ``int(C * (1 - 0.4))`` channels, IN (affine) on the
+      remaining ones (the newest dense-layer outputs); ``norm0``, every ``norm2``, the transitions,
+      block 4 and ``norm5`` stay BN.  DenseNet-121: 14 IBN layers.
+
+    mpifl follows those two rules on its torchvision ResNet-18/50 and DenseNet-121.  For the registry's
+    other architectures, which IBN-Net has no builder for, the rules chosen are:
+
+    * CIFAR ResNet-20: the ResNet rule, ``bn1`` of each residual block, ``C // 2`` IN channels first.
+    * MobileNetV2: the ResNet rule on its inverted-residual blocks: the first norm of each block
+      (``features.K.conv.0.1``: the expansion 1x1 conv's, or the depthwise conv's in block 1, which
+      has no expansion), ``C // 2`` IN channels first; the stem ``features.0``, the other norms of
+      each block and the final ``features.18`` stay BN.
+    * plain CNNs (SmallCNN, DigitModel, LeNet, AlexNet) and the U-Net: every 2-D conv norm (a conv
+      block has no residual branch to pick a first norm of), ``C // 2`` IN channels first; norms
+      after linear layers are plain BN anyway.
+
+    Which *stages* hold those sites is ``--norm-blocks`` (:func:`place_composite_norms`); ``auto`` is
+    every stage but the last, as IBN-Net's builders.  Defined for the registered architectures (by
+    class); another model raises :class:`MpiflError`.
+    """
+    rule = _IBN_RULES.get(type(model).__name__)
+    if rule is None:
+        raise MpiflError(f"no IBN-a placement is known for {type(model).__name__}; "
+                         f"known: {', '.join(sorted(_IBN_RULES))}")
+    sites, split = rule
+    modules = dict(model.named_modules())
+    return {name: split(modules[name].num_features) for name in sites(model)}
 
 
 def place_composite_norms(model: nn.Module, blocks: str, flag: str) -> nn.Module:
     """Keep PerXAN, IBN and DSON layers where ``blocks`` puts them, plain ``BatchNorm2d`` elsewhere.
 
     ``blocks``: ``auto`` (:func:`default_norm_blocks`), ``all``, or ``N``: the stem and the first ``N``
-    stages of :func:`stage_outputs`.  IBN follows IBN-a inside those stages: in a model with residual
-    blocks only each block's first norm (``bn1``) is IBN and the stem's norm stays BN; in a plain CNN,
-    DenseNet or MobileNetV2 every norm of those stages is IBN.  A ``blocks`` other than ``auto`` on a
-    model without such layers is a one-line error naming ``flag``.
+    stages of :func:`stage_outputs`.  PerXAN and DSON fill those stages.  IBN stands only at the
+    architecture's IBN-a sites inside them (:func:`ibn_sites`: IBN-Net's builders for ResNet and
+    DenseNet, the rule stated there for the others), rebuilt with that site's split (DenseNet: IN on
+    the last 40 % of the channels).  A ``blocks`` other than
+    ``auto`` on a model without such layers is a one-line error naming ``flag``.
     """
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _PLACED_NORMS)]
     if not layers:
@@ -329,11 +429,13 @@ def place_composite_norms(model: nn.Module, blocks: str, flag: str) -> nn.Module
         return model
     text = default_norm_blocks(model) if blocks == "auto" else blocks.strip()
     kept = _first_stages(model, text, flag)
-    residual = _residual_first_norms(model)
+    sites = ibn_sites(model) if any(isinstance(m, IBN) for _, m in layers) else {}
     for name, layer in layers:
         in_stages = kept is None or name in kept
-        ibn_here = not isinstance(layer, IBN) or not residual or name in residual
-        if not (in_stages and ibn_here):
-            owner, _, attr = name.rpartition(".")
+        owner, _, attr = name.rpartition(".")
+        if isinstance(layer, IBN) and in_stages and name in sites:
+            if layer.split != sites[name]:
+                setattr(model.get_submodule(owner), attr, _like(IBN(layer.num_features, *sites[name]), layer))
+        elif not in_stages or isinstance(layer, IBN):
             setattr(model.get_submodule(owner), attr, _like(nn.BatchNorm2d(layer.num_features), layer))
     return model

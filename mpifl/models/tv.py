@@ -37,8 +37,13 @@ BatchNorms are replaced after construction by
 BatchNorm is replaced, as gPerXAN's public code does for ResNet-50; the paper's text replaces only the first blocks ("the first four
 and first two blocks", "the first dense block and the following transition
 block"), which :func:`~mpifl.models.surgery.replace_norms` can do with its
-``select`` argument on a BN model.  ``gn`` follows FedWon (32 groups, 8 under
-32 channels, 24 for MobileNetV2's 144), which is ``norm.py``'s rule; FedNN's
+``select`` argument on a BN model.  With ``ibn`` every norm is built as IBN
+and :func:`~mpifl.models.surgery.place_composite_norms` then keeps IBN-Net's
+IBN-a sites only (:func:`~mpifl.models.surgery.ibn_sites`: ResNet ``bn1`` of
+the blocks of layer1-3; DenseNet-121 ``norm1`` of every third dense layer of
+blocks 1-3, 14 layers, IN on their last 40 % of channels; MobileNetV2 the
+first norm of the inverted-residual blocks of stages 1-3).  ``gn`` follows
+FedWon (32 groups, 8 under 32 channels, 24 for MobileNetV2's 144), which is ``norm.py``'s rule; FedNN's
 ResNet-18 GN baseline uses 2 groups, not a kind here.
 
 Convolutions (``conv``): every ``nn.Conv2d`` (stem, residual branches, 1x1
