@@ -26,7 +26,7 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   (fine-tuning before a personal model is evaluated);
 * **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.guide`), which every method
   takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
-  lambda CE(h_g(features), y); a method overriding either calls ``super()`` (one with its own
+  lambda L(h_g(features), y), L the task's loss; a method overriding either calls ``super()`` (one with its own
   :meth:`batch_loss` adds :meth:`plus_extra`), and sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images), then
@@ -468,12 +468,12 @@ class Algorithm:
 
     def extra_loss(self, client: ClientState, model: nn.Module, features: torch.Tensor,
                    logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """A term added to the cross-entropy of each mini-batch (None: nothing).  Default: the guiding
-        regularizer lambda CE(h_g(features), labels) while a global head is held; a method overriding it adds
-        ``super()``'s."""
+        """A term added to the task loss of each mini-batch (None: nothing).  Default: the guiding
+        regularizer lambda L(h_g(features), labels), L the task's loss (``self.task.loss``), while a global head
+        is held; a method overriding it adds ``super()``'s."""
         if self._global_head is None:
             return None
-        return guide_loss(self._global_head, self.guide_lambda, features, labels)
+        return guide_loss(self._global_head, self.guide_lambda, features, labels, self.task)
 
     def after_backward(self, client: ClientState, model: nn.Module) -> None:
         """Gradient corrections between ``backward()`` and ``optimizer.step()``."""

@@ -23,16 +23,21 @@ on their own images and on those images carrying other clients' amplitude spectr
   training clients (here clients, so a client of the same domain counts as another), then one of its
   amplitudes uniformly (torch's generator, seeded per client and round); the code draws two such
   images and trains on the first, so one is drawn here.  lambda (``--elcfs-lambda``): ``one``
-  (default), the authors' training code, which replaces the band by the other client's amplitude (its
-  interpolation line is commented out); ``uniform``, the paper's continuous interpolation with lambda
-  drawn uniformly in [0, 1] per image (the demonstration script steps it through 0.2 ... 1.0; the paper's
-  text was not at hand to check how it draws lambda).
+  (default), the authors' training code (``low_freq_mutate_np``), which replaces the band by the other
+  client's amplitude; ``uniform``, lambda drawn uniformly in [0, 1] per image, a continuous stand-in for
+  the paper's interpolation (sec. 3.2).  What was checked is the authors' code only: its commented-out
+  interpolation line draws ``ratio = random.randint(1, 10) / 10`` (Python's ``random``, not
+  ``np.random.uniform``) and keeps ``ratio`` of the own amplitude, i.e. lambda = 1 - ratio in
+  {0, 0.1, ..., 0.9}; its demonstration script steps lambda through 0.2, 0.4, ..., 1.0.  How the paper's
+  text draws lambda was not checked (its text was not at hand).
 * **Which images**: the model receives normalized inputs x = a p + c (per channel,
   :mod:`mpifl.client.normalize`); the code transforms raw pixels and clips them to [0, 255], so each
   mini-batch is mapped back to pixels with the client's own normalization, transformed, clipped and
   normalized again.  ``--aug fedrdn`` draws another normalization per mini-batch, which cannot be undone
   from the batch, and is refused.
-* **Episodic meta-learning** (sec. 3.3): with the task loss L (cross-entropy here), inner lr beta =
+* **Episodic meta-learning** (sec. 3.3): with the run's task loss L (:mod:`mpifl.plan.task`: cross-entropy
+  on a classification task; on a segmentation task the Dice loss, or (CE + Dice) / 2 with ``--seg-loss
+  dice-ce``; the authors' code uses its Dice loss for both terms), inner lr beta =
   ``--elcfs-inner-lr`` (1e-3, the code's ``meta_step_size``) and the code's clamp of every inner gradient
   to [-g_max, g_max], g_max = ``--elcfs-clip`` (100, its ``clip_value``)::
 
@@ -134,7 +139,8 @@ class ELCFS(FedAvg):
         Option("elcfs_band", float, 0.0, "ELCFS: low-frequency band ratio r, b = floor(min(H, W) r) (0: the "
                "zero frequency alone, authors' code)"),
         Option("elcfs_lambda", str, "one", "ELCFS: interpolation weight: one (the band becomes the other "
-               "client's, authors' code) or uniform (U[0, 1] per image, paper)", choices=LAMBDAS),
+               "client's, authors' code) or uniform (U[0, 1] per image, a continuous interpolation; the paper's "
+               "draw of lambda unchecked)", choices=LAMBDAS),
         Option("elcfs_inner_lr", float, 1e-3, "ELCFS: inner (meta-train) step size beta"),
         Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]"),
         Option("elcfs_order", str, "first", "ELCFS: meta-gradient: first (inner gradient a constant, authors' "

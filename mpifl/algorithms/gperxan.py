@@ -31,9 +31,11 @@ or by DSON (every entry of the layer is domain-specific, so the whole layer
 stays personal).  Other kinds have no BN side and are refused.
 
 **Guiding regularizer (section 3.2, eqs. 3-4).**  Local loss
-``CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)`` where ``h_g`` is the
+``l(h_i(g_i(x)), y) + lambda * l(h_g(g_i(x)), y)`` where ``h_g`` is the
 global classifier received this round, frozen (a copy taken when the round's
-download arrives, so only the feature extractor ``g_i`` gets its gradient).
+download arrives, so only the feature extractor ``g_i`` gets its gradient),
+and ``l`` the one base loss of both terms: the task's (cross-entropy, as the
+authors' code; the Dice loss, or (CE + Dice) / 2, on a segmentation task).
 It is the plug-in every method takes (:mod:`mpifl.algorithms.guide`), on here
 by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
 paper searches [0, 1] in steps of 0.25).

@@ -3,10 +3,17 @@
 Le, Ho, Do, Le-Phuoc & Wong, "Efficiently Assemble Normalization Layers and Regularization for
 Federated Domain Generalization", CVPR 2024, section 3.2, eqs. 3-4: client i's local loss becomes
 
-    L_i = CE(h_i(g_i(x)), y) + lambda * CE(h_g(g_i(x)), y)
+    L_i = sum_k [ l(h_i(g_i(x_k)), y_k) + lambda l(h_g(g_i(x_k)), y_k) ]
 
-with ``h_g`` the global classifier received this round, frozen.  The paper adds it to gPerXAN and, in its
-ablation (section 4.4.2, Fig. 2), to FedAvg, ELCFS and CCST: the term is independent of the method.
+with ``h_g`` the global classifier received this round, frozen, and ``l`` "the base loss function, which is
+usually cross-entropy in classification tasks": one loss for both terms.  Here ``l`` is the run's task loss
+(:attr:`mpifl.plan.task.Task.loss`, the one the method's own term uses): cross-entropy on a classification
+task, the Dice loss (``--seg-loss dice``) or ``(CE + Dice) / 2`` (``dice-ce``) on a segmentation task, where
+``h_g`` is the downloaded 1x1 classifier giving per-pixel logits; per mini-batch, each term is reduced as
+the task reduces it (a mean over images, pixels for CE; the batch's Dice).  The authors' code (classification only)
+uses ``F.cross_entropy`` for both terms, which is the classification case.  The paper adds it to gPerXAN
+and, in its ablation (section 4.4.2, Fig. 2), to FedAvg, ELCFS and CCST: the term is independent of the
+method.
 
 * **The global head**: a copy of ``model.classifier`` taken when the round's model is loaded (the
   download's classifier), before any local step, with ``requires_grad`` off: the term's gradient flows into
@@ -31,20 +38,20 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MpiflError
 from ..plan.config import Option
+from ..plan.task import Task
 
 NAME = "guide_lambda"  # the option every method takes (Algorithm.__init_subclass__)
 
 
 def guide_option(default: float) -> Option:
     """``--guide-lambda`` with a method's default."""
-    return Option(NAME, float, default, "weight lambda of the guiding regularizer lambda CE(h_g(g(x)), y), h_g "
-                  "the downloaded classifier frozen (gPerXAN, Le et al. 2024, eq. 3); for any method whose "
-                  "download holds the classifier; 0 = off")
+    return Option(NAME, float, default, "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the "
+                  "task's loss (CE; Dice on segmentation), h_g the downloaded classifier frozen (gPerXAN, Le et "
+                  "al. 2024, eqs. 3-4); for any method whose download holds the classifier; 0 = off")
 
 
 def with_guide(options: tuple[Option, ...], default: float) -> tuple[Option, ...]:
@@ -57,9 +64,11 @@ def frozen_head(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model.classifier).requires_grad_(False)
 
 
-def guide_loss(head: nn.Module, lam: float, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """lambda * CE(h_g(features), labels), the mean over the mini-batch as the method's own CE."""
-    return lam * F.cross_entropy(head(features), labels)
+def guide_loss(head: nn.Module, lam: float, features: torch.Tensor, labels: torch.Tensor,
+               task: Task) -> torch.Tensor:
+    """lambda * L(h_g(features), labels), L = ``task.loss``: the run's task loss, the one the method's own term
+    uses (cross-entropy, mean over the mini-batch; the Dice loss, or (CE + Dice) / 2, on a segmentation task)."""
+    return lam * task.loss(head(features), labels)
 
 
 def check_guide(algo) -> None:

@@ -9,15 +9,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpifl.algorithms import get_algorithm
 from mpifl.algorithms.elcfs import AMPLITUDES, band_mask, interpolate_amplitude, other_client, spectra_of
 from mpifl.errors import MpiflError
+from mpifl.models import state_entries
 from mpifl.plan.clients import ClientSpec
+from mpifl.plan.config import RunConfig
 from mpifl.plan.seeding import client_rng
 from mpifl.transport.exchange import exchange_all
 from mpifl.transport.inprocess import run_threads
 
 from ..conftest import read_metrics
-from .helpers import make_algo, run_two_rounds
+from .helpers import local_round, make_algo, run_two_rounds
 
 
 def _algo(data_root, cfg_kw=None, **options):
@@ -267,6 +270,70 @@ def test_frozen_parameters_take_no_inner_step(data_root):
     assert model.classifier.bias.grad is None and model.classifier.weight.grad is not None
 
 
+class Linear28(nn.Module):
+    """logits = W flatten(x) + b on the dataset's 3 x 28 x 28 images (the exchange's shape), 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Linear(3 * 28 * 28, 3)
+
+    def encode(self, x):
+        return x.flatten(1)
+
+    def forward(self, x):
+        return self.classifier(self.encode(x))
+
+
+def _softmax_ce_grads(W, b, X, Y):
+    """(dW, db) of the mean cross-entropy of softmax(X W^T + b) against one-hot Y, by hand: (P - Y)^T X / N."""
+    z = X @ W.T + b
+    P = np.exp(z - z.max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    return (P - Y).T @ X / len(X), (P - Y).mean(0)
+
+
+def test_one_client_round_is_the_episodic_step_on_images_carrying_the_other_clients_mean_by_hand(data_root):
+    """One round of client 0 through the runtime (load_state, client_round, one SGD step at lr 0.1) under the
+    defaults lambda = 1, band 0: the zero frequency alone becomes the other client's, i.e. each channel of
+    each image is moved to the mean of client 1's banked image, then clipped to [0, 255].  The update is
+    -lr (grad L(x; theta) + grad L(x'; theta')), theta' = theta - beta clamp(grad L(x; theta), +-g_max)."""
+    cls = get_algorithm("elcfs")
+    beta, g_max, lr = 0.005, 0.2, 0.1  # a step that moves the logits by about 1, short of saturating them
+    cfg = RunConfig(algo="elcfs", data_root=str(data_root), data="styledigits", lr=lr,
+                    algo_options={**{o.name: o.default for o in cls.options}, "elcfs_bank": 1,
+                                  "elcfs_inner_lr": beta, "elcfs_clip": g_max})
+    torch.manual_seed(0)
+    model = Linear28()
+    algo = cls(cfg, state_entries(model))
+    specs = _specs([4, 1])  # client 1 holds one image: its bank, and so the drawn amplitude, is that image's
+    algo.bind_clients(specs)
+    algo.setup_exchange()
+    own, other = _images(10, (4, 3, 28, 28), 60, 200).round(), _images(11, (1, 3, 28, 28), 0, 120).round()
+    scale = torch.tensor([0.02, 0.03, 0.01]).reshape(1, 3, 1, 1)
+    shift = torch.tensor([-1.0, -2.0, 0.5]).reshape(1, 3, 1, 1)
+    identity = (torch.ones(1, 3, 1, 1), torch.zeros(1, 3, 1, 1))
+    algo.setup_received(torch.stack([algo.setup_contribution(specs[0], FakeData(own, scale, shift)),
+                                     algo.setup_contribution(specs[1], FakeData(other, *identity))]))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    client = algo.init_client(specs[0], initial)
+    x, y = own * scale + shift, torch.tensor([0, 1, 2, 1])
+    upload = local_round(algo, model, client, algo.download(algo.init_server(initial)), 1, batch=(x, y))
+
+    pixels, target = own.double().numpy(), other.double().numpy()
+    moved = np.clip(pixels - pixels.mean((2, 3), keepdims=True) + target.mean((2, 3), keepdims=True), 0, 255)
+    assert (moved == 0).any()  # the clip acts
+    X = x.double().flatten(1).numpy()
+    X_moved = (moved * scale.double().numpy() + shift.double().numpy()).reshape(4, -1)
+    Y = np.eye(3)[y.numpy()]
+    W, b = initial["classifier.weight"].double().numpy(), initial["classifier.bias"].double().numpy()
+    gW, gb = _softmax_ce_grads(W, b, X, Y)
+    assert (np.abs(gW) > g_max).any() and (np.abs(gW) < g_max).any()  # the clamp acts, on some entries only
+    W_in, b_in = W - beta * np.clip(gW, -g_max, g_max), b - beta * np.clip(gb, -g_max, g_max)
+    gW_out, gb_out = _softmax_ce_grads(W_in, b_in, X_moved, Y)
+    assert np.allclose(upload["classifier.weight"], W - lr * (gW + gW_out), rtol=0, atol=2e-6)
+    assert np.allclose(upload["classifier.bias"], b - lr * (gb + gb_out), rtol=0, atol=2e-6)
+
+
 # ------------------------------------------------------------------ options, run
 @pytest.mark.parametrize("bad", [{"elcfs_bank": -1}, {"elcfs_band": 0.6}, {"elcfs_lambda": "half"},
                                  {"elcfs_inner_lr": -1.0}, {"elcfs_clip": 0.0}, {"elcfs_order": "third"}])
@@ -280,11 +347,17 @@ def test_fedrdn_normalization_is_refused(data_root):
         _algo(data_root, {"aug": "fedrdn"})
 
 
-def test_two_rounds_send_fedavgs_model_and_train(data_root, tmp_path):
+def test_two_rounds_send_fedavgs_model_and_train_on_the_two_pass_episodic_objective(data_root, tmp_path):
+    """The wire is FedAvg's; the training loss a round reports is the episodic objective L(x) + L_out(x'), two
+    task losses, each near ln 10 for the barely trained 10-class model of round 1 (FedAvg's one pass reports
+    about ln 10; the exact rule is pinned by the one-round hand computation above), and it falls."""
     run = tmp_path / "elcfs"
     run_two_rounds(data_root, run, "elcfs")
     fedavg = make_algo("fedavg")[0].policy()
     model_bytes = sum(s.nbytes for s in fedavg.download)
-    for record in read_metrics(run):
+    records = read_metrics(run)
+    for record in records:
         assert record["bytes"]["down"] == record["bytes"]["up"] == 5 * model_bytes
         assert set(record["eval"]) == {"global"} and math.isfinite(record["train"]["loss"])
+    assert 1.7 * math.log(10) < records[0]["train"]["loss"] < 2.1 * math.log(10)
+    assert records[1]["train"]["loss"] < records[0]["train"]["loss"]

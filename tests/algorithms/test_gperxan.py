@@ -6,9 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads, get_algorithm
+from mpifl.client.segmentation import dice_loss
 from mpifl.errors import MpiflError
 from mpifl.models import PerXAN, state_entries
+from mpifl.models.unet import UNet
 from mpifl.plan.config import RunConfig
+from mpifl.plan.task import SEGMENTATION
 
 from .helpers import aggregate, client_meta, make_algo
 
@@ -71,6 +74,30 @@ def test_guiding_term_is_lambda_ce_of_the_frozen_global_head_and_trains_only_the
     extra.backward()
     assert model.classifier.weight.grad is None and algo._global_head.weight.grad is None
     assert model.conv1.weight.grad is not None and model.conv1.weight.grad.abs().sum() > 0
+
+
+def test_on_a_segmentation_task_the_objective_is_dice_plus_lambda_dice_through_the_frozen_global_head():
+    """Eq. 4 with the task's base loss l = Dice for both terms: a PerXAN U-Net's mini-batch objective is
+    Dice(h_i(g_i(x)), m) + lambda Dice(h_g(g_i(x)), m), not a cross-entropy guide."""
+    torch.manual_seed(0)
+    net = UNet(num_classes=2, width=4, depth=2, norm="perxan")
+    cfg = RunConfig(algo="gperxan", algo_options={**{o.name: o.default for o in get_algorithm("gperxan").options},
+                                                   "guide_lambda": 0.5})
+    algo = get_algorithm("gperxan")(cfg, state_entries(net))
+    algo.bind_task(SEGMENTATION)
+    net.train()
+    algo.begin_local(None, net, {})
+    with torch.no_grad():
+        net.classifier.weight.mul_(-2.0)  # the local head moves; h_g keeps the downloaded one
+    x = torch.randn(2, 3, 16, 16)
+    masks = torch.zeros(2, 16, 16, dtype=torch.long)
+    masks[:, 4:12, 3:10] = 1
+    loss, logits = algo.batch_loss(None, net, x, masks)
+    features = net.encode(x)  # training mode: batch statistics, the same features again
+    assert torch.allclose(logits, net.classifier(features))
+    local, guide = dice_loss(net.classifier(features), masks), dice_loss(algo._global_head(features), masks)
+    assert torch.allclose(loss, local + 0.5 * guide, atol=1e-6)
+    assert not torch.allclose(loss, local + 0.5 * F.cross_entropy(algo._global_head(features), masks), atol=1e-3)
 
 
 def _adapted(blocks=None, model="smallcnn", image_size=(28, 28), **core):

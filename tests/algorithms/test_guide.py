@@ -1,7 +1,9 @@
-"""The guiding regularizer (--guide-lambda): lambda CE(h_g(features), y) with h_g the downloaded classifier,
-frozen, for every method whose download holds it; refused in one line for the others."""
+"""The guiding regularizer (--guide-lambda): lambda L(h_g(features), y) with h_g the downloaded classifier,
+frozen, and L the task's loss (cross-entropy; Dice on a segmentation task), for every method whose download
+holds it; refused in one line for the others."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from mpifl.errors import MpiflError
 from mpifl.models import build_model, state_entries
 from mpifl.plan.clients import ClientSpec
 from mpifl.plan.config import RunConfig
+from mpifl.plan.task import SEGMENTATION, SEGMENTATION_DICE_CE
 
 from ..conftest import read_metrics, run_here
 from .helpers import local_round, make_algo
@@ -53,6 +56,46 @@ def test_guide_term_and_its_gradients_by_hand_on_a_tiny_model():
     assert torch.allclose(features.grad, torch.tensor([[-0.1223642, 0.4549847]]), atol=1e-6)
     assert algo._global_head.weight.grad is None and not algo._global_head.weight.requires_grad
     assert model.classifier.weight.grad is None  # the local head gets nothing from the term
+
+
+class TinySeg(nn.Module):
+    """features = encode(x) = x, (N, 2, H, W); classifier a 1x1 conv 2 -> 2 with W = I, b = 0: logits = features."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Conv2d(2, 2, 1)
+        with torch.no_grad():
+            self.classifier.weight.copy_(torch.eye(2).reshape(2, 2, 1, 1))
+            self.classifier.bias.zero_()
+
+    def encode(self, x):
+        return x
+
+
+@pytest.mark.parametrize("task", [SEGMENTATION, SEGMENTATION_DICE_CE], ids=["dice", "dice-ce"])
+def test_on_a_segmentation_task_the_guide_is_the_tasks_loss_through_the_frozen_head_by_hand(task):
+    """Eq. 4 of gPerXAN: one base loss l for both terms, so the guide of a Dice-trained run is a Dice loss."""
+    algo, _ = make_algo("fedavg", guide_lambda=0.5)
+    algo.bind_task(task)
+    model = TinySeg()
+    algo.begin_local(None, model, {})
+    with torch.no_grad():
+        model.classifier.weight.mul_(-3.0)  # the local head moves; h_g is the copy taken at begin_local
+        model.classifier.bias.fill_(2.0)
+    # one image of 1 x 2 pixels; through h_g the logits are the features: pixel 1 (0, ln 3) -> p = (1/4, 3/4),
+    # class 1; pixel 2 (0, 0) -> p = (1/2, 1/2), class 0
+    features = torch.tensor([[[[0.0, 0.0]], [[math.log(3.0), 0.0]]]], requires_grad=True)
+    masks = torch.tensor([[[1, 0]]])
+    term = algo.extra_loss(None, model, features, model.classifier(features), masks)
+    eps = 1e-5  # Dice over the batch per class k: (2 sum p_k y_k + eps) / (sum p_k + sum y_k + eps)
+    dice = 1 - ((2 * 0.5 + eps) / (0.75 + 1 + eps) + (2 * 0.75 + eps) / (1.25 + 1 + eps)) / 2  # 0.3809524
+    ce = (-math.log(0.75) - math.log(0.5)) / 2  # 0.4904146, the pixels' mean
+    expected = 0.5 * (dice if task is SEGMENTATION else (ce + dice) / 2)
+    assert term.item() == pytest.approx(expected, abs=1e-6)
+    assert term.item() != pytest.approx(0.5 * ce, abs=1e-3)  # not the cross-entropy of a classification task
+    term.backward()
+    assert features.grad.abs().sum() > 0 and model.classifier.weight.grad is None
+    assert algo._global_head.weight.grad is None
 
 
 def test_guide_off_adds_nothing_and_holds_no_head():
