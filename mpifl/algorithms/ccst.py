@@ -31,6 +31,11 @@ Following the authors' code (``JeremyCJM/CCST``), which produced the paper's num
 * **Everything else is FedAvg** (the code averages the whole model with equal weights: ``--uniform-weights``);
   the global model is evaluated.  With ``--guide-lambda`` it is Fig. 2's CCST + guide of gPerXAN.
 
+* **Validation differs** (model selection, not reproduced): the code splits each source client's *augmented*
+  training list 90/10 (``--val_size 0.1`` in ``fed_run.py``, ``get_train_dataloader`` of ``data/data_helper.py``),
+  so it validates on augmented images whose other versions (the same image in other styles) it trains on;
+  here a client validates on its own val split, unstylized.
+
 The AdaIN weights are never downloaded: ``--style-model DIR`` names a folder holding ``vgg_normalised.pth``
 and ``decoder.pth`` (:func:`~mpifl.models.adain.load_style_model`).
 """

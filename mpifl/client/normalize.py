@@ -8,7 +8,8 @@
   a held-out domain uses its own train split's;
 * ``fixed``    - the constants of the dataset's reference code
   (:data:`mpifl.data.registry.FIXED_NORMALIZATION`: 0.5/0.5 on Digits-Five as FedBN's code, 0/1
-  on Office-Caltech-10 and DomainNet, where FedBN's code only scales to [0, 1]);
+  on Office-Caltech-10 and DomainNet, where FedBN's code only scales to [0, 1]; 0 and 1/255 on the prostate MRI, whose
+  reference loaders (FedFA's, HarmoFL's) feed unscaled 0..255);
 * ``imagenet`` - ImageNet's mean/std (:data:`IMAGENET`), for backbones pre-trained on it;
 * ``auto``     - (the default) ``imagenet`` with ``--pretrained`` (torchvision's weights were trained
   on it; gPerXAN's code normalizes so), else ``pooled``: :func:`resolve_input_norm`, stored in

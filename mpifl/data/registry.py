@@ -63,6 +63,8 @@ FIXED_NORMALIZATION = {
     GENERATED_NAME: ([0.5] * 3, [0.5] * 3), "digits": ([0.5] * 3, [0.5] * 3),
     # FedBN's Office-Caltech-10 and DomainNet code: ToTensor() only, so [0, 1] pixels
     "office_caltech": ([0.0] * 3, [1.0] * 3), "domainnet10": ([0.0] * 3, [1.0] * 3),
+    # FedFA's and HarmoFL's prostate loaders: torch.Tensor(uint8 slices), so unscaled 0..255 intensities
+    "prostate": ([0.0] * 3, [1 / 255] * 3),
 }
 
 

@@ -23,8 +23,8 @@ _BLOCKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "SmallCNN": (("conv1", "norm1"), ("conv2", "norm2"), ("conv3", "norm3"), ("classifier",)),
     "DigitModel": (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"), ("fc1", "bn4"), ("fc2", "bn5"), ("fc3",)),
     "LeNet": (("conv1", "bn1"), ("conv2", "bn2"), ("fc1",), ("fc2",), ("fc3",)),
-    "AlexNet": tuple((f"features.conv{i}", f"features.bn{i}") for i in range(1, 6))
-    + (("fc1", "bn6"), ("fc2", "bn7"), ("fc3",)),
+    "AlexNet": tuple(tuple(f"features.{m}{i}" for m in ("conv", "bn", "relu", "maxpool")) for i in range(1, 6))
+    + (("fc1", "bn6"), ("fc2", "bn7"), ("fc3",)),  # a conv block's ReLU and pool: FedFA's layers go after them
     "CifarResNet": (("conv1", "bn1"), ("layer1",), ("layer2",), ("layer3",), ("fc",)),
     "ResNetFL": (("conv1", "bn1"), ("layer1",), ("layer2",), ("layer3",), ("layer4",), ("fc",)),
     "MobileNetV2FL": tuple((f"features.{i}",) for i in range(19)) + (("classifier",),),

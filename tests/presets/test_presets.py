@@ -164,3 +164,16 @@ def test_fednn_presets_decay_and_clip_every_method_as_the_authors_code(name):
     for algo in ("fedavg", "scaffold", "fednn"):
         values, _ = apply_preset(name, algo, {})
         assert (values["lr_schedule"], values["lr_gamma"], values["max_grad_norm"]) == ("exp", 0.998, 10.0)
+
+
+def test_prostate_base_rows_feed_unscaled_intensities_as_fedfas_and_harmofls_loaders():
+    """FedFA's and HarmoFL's Prostate loaders feed torch.Tensor(uint8 slice): 0..255, no normalization."""
+    import torch
+
+    from mpifl.client.normalize import fixed
+    from mpifl.data.registry import FIXED_NORMALIZATION
+
+    assert load_preset("fedrdn-t2-prostate").options["input_norm"] == "fixed"
+    scale, shift = fixed(*FIXED_NORMALIZATION["prostate"]).eval()
+    pixels = torch.tensor([0.0, 1.0, 128.0, 255.0]).reshape(1, 1, 4, 1).expand(1, 3, 4, 1)
+    assert torch.equal(pixels * scale + shift, pixels)
