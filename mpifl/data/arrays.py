@@ -13,6 +13,7 @@ succeeded, deleted on any error), reusing its helpers.
 
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,53 @@ from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.shard import SPLITS, ShardWriter
 from mpifl.data.splits import SPLIT_SEED, stratified_split
 from mpifl.data.staging import staged_dataset
+
+def _latin1(text, encoding="utf-8", errors="strict"):
+    """``_codecs.encode`` as protocol 0-2 pickles use it for ``bytes``: ``str`` to latin-1 only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode({type(text).__name__}, {encoding!r}) is not a "
+                                     "latin-1 bytes literal")
+    return text.encode("latin-1", errors)
+
+
+def _array_globals() -> dict:
+    """The globals an ndarray pickle may name (numpy 1.x and 2.x module names) -> this numpy's objects."""
+    try:  # numpy >= 2 (1.26 has the alias too)
+        from numpy._core import multiarray, numeric
+    except ImportError:  # numpy < 1.26
+        from numpy.core import multiarray, numeric
+    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _latin1}
+    for core in ("numpy.core", "numpy._core"):
+        allowed[f"{core}.multiarray", "_reconstruct"] = multiarray._reconstruct  # protocols 0-4
+        allowed[f"{core}.multiarray", "scalar"] = multiarray.scalar  # numpy scalars (np.int64(3))
+        allowed[f"{core}.numeric", "_frombuffer"] = numeric._frombuffer  # protocol 5
+    return allowed
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, their dtypes and scalars, and plain containers; refuses any other global."""
+
+    def __init__(self, file, path: Path, holds: str, fix: str, encoding: str):
+        super().__init__(file, encoding=encoding)
+        self.path, self.holds, self.fix, self.allowed = path, holds, fix, _array_globals()
+
+    def find_class(self, module, name):
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise MpiflError(f"{self.path} refers to {module}.{name}, which a pickle of {self.holds} never holds "
+                             f"(a pickle can run code as it loads, so mpifl refused it); {self.fix}")
+        return found
+
+
+def load_array_pickle(file, path: Path, holds: str, fix: str, encoding: str = "ASCII"):
+    """The object pickled in the open binary ``file`` (named ``path``), admitting only numpy arrays, their dtypes
+    and scalars, and plain containers: a pickle can name any Python callable and run it while it loads, so
+    every other global is refused in one line (:class:`~mpifl.errors.MpiflError`: ``holds`` says what the
+    file should hold, ``fix`` what to do) before it is imported or called.  ``encoding``: pickle's, for
+    Python 2 strings ("bytes" keeps them bytes)."""
+    return _ArrayUnpickler(file, path, holds, fix, encoding).load()
+
+
 
 _BILINEAR = getattr(Image, "Resampling", Image).BILINEAR
 #: Images handed to the shard writer at a time.

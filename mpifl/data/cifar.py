@@ -6,7 +6,8 @@ reads the python version of CIFAR-10 (``cifar-10-python.tar.gz`` unpacked):
 in ``--src`` or in ``--src/cifar-10-batches-py``.  These are pickles of
 dicts (``data``: N x 3072 uint8, rows of R, G, B planes; ``labels``;
 ``label_names`` in ``batches.meta``), the only format in which the python
-version ships, so they are unpickled (use only the original files).  One
+version ships, so they are unpickled, admitting numpy arrays and plain
+containers only (:func:`~mpifl.data.arrays.load_array_pickle`).  One
 domain ``cifar10``; test is ``test_batch``; val is a seeded stratified 10 %
 of the 50,000 train images (an mpifl choice), rows kept in file order.
 Classes are ``batches.meta``'s ``label_names``.
@@ -32,14 +33,13 @@ With ``--size`` other than 32 images are resized once with Pillow bilinear
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from mpifl.errors import MpiflError
-from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size,
+from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size, load_array_pickle,
                                convert_arrays, seeded_split, split_rule, to_rgb)
 from mpifl.data.manifest import DatasetManifest
 from mpifl.data.splits import SPLIT_SEED
@@ -64,7 +64,10 @@ def _nolog(line: str) -> None:
 def _unpickle(path: Path) -> dict:
     try:
         with open(path, "rb") as f:
-            data = pickle.load(f, encoding="bytes")
+            data = load_array_pickle(f, path, "a CIFAR-10 batch", "unpack the official cifar-10-python.tar.gz "
+                                     "again", encoding="bytes")
+    except MpiflError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
         raise MpiflError(f"cannot unpickle {path} ({type(e).__name__}: {e}); unpack "
                          "cifar-10-python.tar.gz again") from None

@@ -38,9 +38,14 @@ mnistm     ``mnistm``, ``mnist_m``,   ``mnist_m_train/*.png``, ``mnist_m_test/*.
 names them ``MNIST``, ``SVHN``, ``USPS``, ``SynthDigits``, ``MNIST_M``):
 ``partitions/train_part<k>.pkl`` and ``test.pkl``, each a pickle of
 ``(images, labels)`` with images uint8 N x H x W or N x H x W x 3.  **Pickle is
-read only for this source format** (pickles can run code: use only FedBN's
-files); every other source is read as plain arrays.  Then train is the
-concatenation of the partitions (in ``k`` order) and test is ``test.pkl``.
+read only for this source format**, and only numpy arrays are admitted: a
+pickle can name any Python callable and run it while it loads, so the
+unpickler resolves only the few numpy globals an array needs (its
+``_reconstruct``/``_frombuffer``/``scalar``, ``ndarray``, ``dtype``, under
+numpy 1.x's ``numpy.core`` or 2.x's ``numpy._core`` names) and refuses any
+other before it is imported or called.  Every other source is read as plain
+arrays.  Then train is the concatenation of the partitions (in ``k`` order)
+and test is ``test.pkl``.
 All present domains must use the same kind of source.
 
 Protocol (FedBN, Li et al. ICLR 2021, as its public code prepares Digits-Five):
@@ -63,7 +68,6 @@ Protocol (FedBN, Li et al. ICLR 2021, as its public code prepares Digits-Five):
 from __future__ import annotations
 
 import gzip
-import pickle
 import re
 import struct
 import zlib
@@ -74,7 +78,7 @@ from typing import Callable
 import numpy as np
 
 from mpifl.errors import MpiflError
-from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size,
+from mpifl.data.arrays import (RESIZE_NOTE, ArrayDomain, carve_val, check_labels, check_size, load_array_pickle,
                                convert_arrays, seeded_split, split_rule, to_rgb, visible_dirs)
 from mpifl.data.images import load_image, workers
 from mpifl.data.manifest import DatasetManifest
@@ -281,10 +285,15 @@ def _fedbn_files(folder: Path, domain: str) -> tuple[list[Path], Path]:
 
 
 def _read_pickle(path: Path, size: int):
-    """FedBN's ``(images, labels)`` pickle (the only pickle mpifl reads)."""
+    """FedBN's ``(images, labels)`` pickle (the only pickle this converter reads), numpy arrays only
+    (:func:`~mpifl.data.arrays.load_array_pickle`)."""
     try:
         with open(path, "rb") as f:
-            data = pickle.load(f)
+            data = load_array_pickle(f, path, "FedBN's numpy arrays",
+                                     "re-download FedBN's Digits-Five from its official repository, or convert "
+                                     "the raw downloads instead (see `pydoc mpifl.data.digits`)")
+    except MpiflError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unpickling failure is a bad file
         raise MpiflError(f"cannot unpickle {path} ({type(e).__name__}: {e}); copy FedBN's file again") from None
     if not isinstance(data, (tuple, list)) or len(data) != 2:

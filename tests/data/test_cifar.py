@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -172,3 +173,33 @@ def test_cli_severity(tmp_path, small_severity):
     ok = runner.invoke(cli, ["prepare", "cifar10", "--src", str(tmp_path / "c10"), "--out",
                              str(tmp_path / "o")])
     assert ok.exit_code == 0, ok.output
+
+
+class _Runs:
+    """Pickles as a call of ``os.system``: what a tampered batch would run while it loads."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_batch_that_would_run_code_is_refused_before_it_runs(tmp_path):
+    src = tmp_path / "src"
+    write_cifar10(src)
+    marker = tmp_path / "MARKER"
+    with open(src / "data_batch_2", "rb") as f:
+        batch = pickle.load(f)
+    batch[b"labels"] = _Runs(f"touch {marker}")
+    with open(src / "data_batch_2", "wb") as f:
+        pickle.dump(batch, f, protocol=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(MpiflError) as e:
+        prepare_cifar10(src, out)
+    assert not marker.exists()
+    message = str(e.value)
+    assert f"{src / 'data_batch_2'} refers to {os.system.__module__}.system," in message and "\n" not in message
+    assert "unpack the official cifar-10-python.tar.gz again" in message
+    assert list(out.iterdir()) == []

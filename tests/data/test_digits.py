@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import struct
 from pathlib import Path
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from mpifl.data.__main__ import cli
-from mpifl.data.digits import DOMAINS, prepare_digits
+from mpifl.data.digits import DOMAINS, _read_pickle, prepare_digits
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.shard import SPLITS, Shard
 from mpifl.errors import MpiflError
@@ -268,6 +269,69 @@ def test_fedbn_pickles(tmp_path):
         assert len(both) == len(train_x) == 60 and len(got["val"][0]) == 10
         _check_exact({"train": got["train"], "val": got["val"], "test": (tx[:0], ty[:0])},
                      [(train_x, train_y)])
+
+
+class _Runs:
+    """A pickle that calls ``call(*args)`` as it loads (what a tampered download would hold)."""
+
+    def __init__(self, call, args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+def _fedbn_domain(folder: Path, parts, test) -> None:
+    (folder / "partitions").mkdir(parents=True)
+    for k, part in enumerate(parts):
+        (folder / "partitions" / f"train_part{k}.pkl").write_bytes(part)
+    (folder / "test.pkl").write_bytes(test)
+
+
+@pytest.mark.parametrize("call", [os.system, eval])
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+def test_a_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path, call, protocol):
+    # the global as the file names it: protocol 2 writes Python 2's __builtin__ for builtins
+    module = call.__module__ if call is os.system else ("__builtin__" if protocol < 3 else "builtins")
+    refused = f"{module}.{call.__name__}"
+    marker = tmp_path / "MARKER"
+    payload = ((f"touch {marker}",) if call is os.system
+               else (f"open({str(marker)!r}, 'w').close()",))
+    images = np.zeros((10, 28, 28), np.uint8)
+    good = pickle.dumps((images, np.arange(10)), protocol=protocol)
+    # the payload rides inside an otherwise valid (images, labels) tuple, in the test file
+    bad = pickle.dumps((images, _Runs(call, payload)), protocol=protocol)
+    src = tmp_path / "src"
+    _fedbn_domain(src / "MNIST", [good], bad)
+    out = tmp_path / "out"
+    with pytest.raises(MpiflError) as e:
+        prepare_digits(src, out)
+    message = str(e.value)
+    assert not marker.exists()
+    assert "\n" not in message
+    assert f"{src / 'MNIST' / 'test.pkl'} refers to {refused}," in message
+    assert "re-download FedBN's Digits-Five" in message
+    assert _no_shards(out)
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 3, 4, 5, pickle.DEFAULT_PROTOCOL])
+def test_numpy_array_pickles_load_in_every_protocol_and_under_numpy_1_names(tmp_path, protocol):
+    rng = np.random.default_rng(protocol)
+    images = rng.integers(0, 256, (10, 28, 28, 3), dtype=np.uint8)
+    labels = np.arange(10, dtype=np.int64)
+    data = pickle.dumps((images, labels), protocol=protocol)
+    cases = {"now": data}
+    if protocol <= 2:  # GLOBAL opcodes are text lines: write the names numpy 1.x and 2.x use
+        cases["numpy1"] = data.replace(b"numpy._core.", b"numpy.core.")
+        cases["numpy2"] = cases["numpy1"].replace(b"numpy.core.", b"numpy._core.")
+        assert b"numpy.core.multiarray" in cases["numpy1"] and b"numpy._core.multiarray" in cases["numpy2"]
+    # labels as a list of numpy scalars (multiarray.scalar) also load
+    cases["scalars"] = pickle.dumps((images, [np.int64(v) for v in labels]), protocol=protocol)
+    for name, blob in cases.items():
+        path = tmp_path / f"{name}.pkl"
+        path.write_bytes(blob)
+        got_images, got_labels = _read_pickle(path, 28)
+        assert np.array_equal(got_images, images) and np.array_equal(got_labels, labels), name
 
 
 def _no_shards(out: Path):
