@@ -1,6 +1,7 @@
 """COPA: averaged body, every client's head stacked in client-id order and sent to all, frozen-head
 collaboration in the local loss, global model = body + ensemble of the heads."""
 
+import contextlib
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.copa import ensemble_logits, heads_logits
+from mpifl.analysis import load_checkpointed
 from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 
@@ -137,6 +139,99 @@ def _args(data_root, out, *extra):
             "--lr", "0.05", "--out", str(out), *extra]
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """Torch on one thread for the hand computations, as the runs (``--threads 1``): small tensors on shared
+    cores go several times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _features(ckpt, cid, state):
+    """The body's features of client ``cid``'s test split (in the run's evaluation batches) and the labels."""
+    model = ckpt.build(state)
+    batches = list(ckpt.client_data(cid).eval_batches("test", ckpt.cfg.eval_batch_size))
+    with torch.no_grad():
+        return torch.cat([model.encode(x) for x, _ in batches]), torch.cat([y for _, y in batches])
+
+
+def _accuracy(reported, scores, y):
+    """The reported accuracy is the hand one, up to the images whose two best scores tie within 1e-6 (either
+    may win between two computations)."""
+    top = scores.topk(2, dim=1).values
+    ties = int(((top[:, 0] - top[:, 1]) < 1e-6).sum())
+    assert abs(reported - float((scores.argmax(1) == y).double().mean())) <= ties / len(y) + 1e-12
+
+
+def _heads_are_the_participants_own(ckpt, participants):
+    """After round 1: a participant's row of the server's stack is the head it kept (bit for bit), every other
+    training client's row still the seeded initial head (heads are assembled, never averaged)."""
+    for key in HEAD:
+        stack, initial = ckpt.extra["copa.heads/" + key], ckpt.session.initial[key]
+        for cid, row in ckpt.algo.row.items():
+            if cid in participants:
+                assert torch.equal(stack[row], ckpt.private[cid][key]), (cid, key)
+                assert not torch.allclose(stack[row], initial, rtol=0, atol=1e-4), (cid, key)  # it trained
+            else:
+                assert torch.equal(stack[row], initial), (cid, key)
+
+
+def _evaluation_by_hand(ckpt, evaluated):
+    """The round's reported test metrics, from the checkpoint by hand: the global model is the averaged body
+    under the mean softmax probability of the server's N stacked heads (``--copa-ensemble prob``), the
+    personal model the body under the client's own head."""
+    assert ckpt.cfg.opt("copa_ensemble") == "prob"
+    weight, bias = ckpt.extra[WEIGHT], ckpt.extra[BIAS]
+    assert len(weight) == 8  # every training client's head, also the ones not sampled yet
+    margins = {"own head": [], "mean logit": []}
+    for cid in range(len(ckpt.session.clients)):
+        state = ckpt.personal_state(cid)
+        features, y = _features(ckpt, cid, state)
+        probs = torch.stack([F.softmax(F.linear(features, weight[j], bias[j]), 1) for j in range(8)]).mean(0)
+        own = F.linear(features, state["classifier.weight"], state["classifier.bias"])
+        reported = evaluated["global"]["test"]["clients"][str(cid)]
+        assert reported["n"] == len(y)
+        _accuracy(reported["acc"], probs, y)
+        assert reported["loss"] == pytest.approx(-float(probs[torch.arange(len(y)), y].double().log().mean()), abs=1e-6)
+        mean_logit = F.cross_entropy(F.linear(features, weight.mean(0), bias.mean(0)), y)
+        margins["own head"].append(abs(reported["loss"] - float(F.cross_entropy(own, y))))
+        margins["mean logit"].append(abs(reported["loss"] - float(mean_logit)))
+        if ckpt.session.clients[cid].trains:
+            reported = evaluated["personal"]["test"]["clients"][str(cid)]
+            _accuracy(reported["acc"], own, y)
+            assert reported["loss"] == pytest.approx(float(F.cross_entropy(own, y)), abs=1e-6)
+    # the check tells the rules apart: the own head or the mean logit would miss some client by far more than 1e-6
+    assert all(max(m) > 1e-5 for m in margins.values()), margins
+
+
+def _round_by_hand(before, after, participants):
+    """One round from the checkpoint ``before`` to ``after``, by hand: each participant's local model
+    (:meth:`Checkpointed.local_state`, trained as its rank trains it); the server's body is their mean
+    weighted by training samples, its stack holds each participant's trained head in the participant's row."""
+    local = {cid: before.local_state(cid) for cid in participants}
+    samples = {cid: before.client_data(cid).size("train") for cid in participants}
+    total = sum(samples.values())
+    spread = 0.0
+    for key in before.algo.shared_keys:
+        assert key not in HEAD and after.server[key].is_floating_point()
+        mean = sum(samples[c] * local[c][key].double() for c in participants) / total
+        assert torch.allclose(after.server[key].double(), mean, rtol=0, atol=1e-6), key
+        spread = max(spread, max(float((local[c][key] - mean).abs().max()) for c in participants))
+    assert spread > 1e-3  # the local bodies differ: a single client's body would not pass for the mean
+    for key in HEAD:
+        stack = after.extra["copa.heads/" + key]
+        for cid, row in after.algo.row.items():
+            if cid in participants:
+                assert torch.allclose(stack[row], local[cid][key], rtol=0, atol=1e-6), (cid, key)
+                assert not torch.allclose(stack[row], before.extra["copa.heads/" + key][row], rtol=0, atol=1e-4)
+            else:
+                assert torch.equal(stack[row], before.extra["copa.heads/" + key][row]), (cid, key)
+
+
 def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume(data_root, tmp_path):
     full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "2"))
     assert full.returncode == 0, full.stderr
@@ -155,6 +250,17 @@ def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume
     run = tmp_path / "run"
     first = run_here(*_args(data_root, run, "--rounds", "1", "--ckpt-every", "1"))
     assert first.returncode == 0, first.stderr
+    # round 1 by hand from its checkpoint: the heads assembled, the reported metrics the ensemble's
+    one = load_checkpointed(run)
+    assert one.round == 1
+    _heads_are_the_participants_own(one, read_metrics(run)[0]["clients"])
+    with _one_thread():
+        _evaluation_by_hand(one, read_metrics(run)[0]["eval"])
     resumed = run_here("--resume", str(run), "--rounds", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert numbers(run) == numbers(tmp_path / "full")
+    # round 2 by hand: from round 1's checkpoint to round 2's
+    two = load_checkpointed(run)
+    assert two.round == 2
+    with _one_thread():
+        _round_by_hand(one, two, records[1]["clients"])
