@@ -7,6 +7,7 @@ What a parsed command then does on every rank is :mod:`mpifl.job.start`'s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -254,8 +255,12 @@ def _flag(key: str) -> str:
 
 
 def manifest_text(cfg: RunConfig) -> str:
-    """``--show-manifest``: the clients, and every tensor that crosses the wire, one-time exchanges included."""
+    """``--show-manifest``: the clients, and every tensor that crosses the wire, one-time exchanges included;
+    under ``--holdout all`` each fold's in turn."""
     manifest = ensure_dataset(cfg.data_root, cfg.data)
+    if cfg.holdout == "all":
+        return "\n".join(f"fold holdout-{domain} (--holdout {domain}):\n"
+                         + manifest_text(dataclasses.replace(cfg, holdout=domain)) for domain in manifest.domains)
     session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
     domains = session.manifest.domains
     setup = [spec for spec in (e.setup_exchange() for e in session.exchanges) if spec is not None]

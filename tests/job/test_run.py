@@ -113,6 +113,14 @@ def test_show_manifest_lists_the_wire_tensors(data_root):
     assert "download (server -> client): 0 tensors, 0 bytes" in single.stdout
 
 
+def test_show_manifest_of_holdout_all_shows_each_fold(data_root):
+    job = run_here("--data-root", str(data_root), "--holdout", "all", "--show-manifest")
+    assert job.returncode == 0, job.stderr
+    folds = job.stdout.split("fold holdout-")[1:]
+    assert [fold.split(" ", 1)[0] for fold in folds] == ["mono", "outline", "paper", "street", "texture"]
+    assert all("clients: 5 over 5 domains, 4 per round" in fold for fold in folds)  # 4 train, 1 held out
+
+
 def test_show_manifest_names_kept_optimizer_state_only_when_kept(data_root):
     line = "optimizer/<parameter>/<name>: with --keep-optimizer, the local sgd optimizer's state"
     kept = run_here("--data-root", str(data_root), "--momentum", "0.9", "--keep-optimizer", "--show-manifest")
