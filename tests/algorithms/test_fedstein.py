@@ -10,9 +10,10 @@ from mpifl.errors import MpiflError
 from mpifl.algorithms import Uploads
 from mpifl.models.jsbn import JSBatchNorm2d
 from mpifl.plan.clients import ClientSpec
-from mpifl.models import state_entries
+from mpifl.client.training import load_state
+from mpifl.models import build_model, state_entries
 
-from .helpers import aggregate, client_meta, make_algo
+from .helpers import aggregate, client_meta, local_round, make_algo
 
 
 _algo = partial(make_algo, "fedstein")
@@ -137,3 +138,54 @@ def test_the_model_is_built_with_jsnorm_layers():
     _, model = _algo()
     assert isinstance(model.norm1, JSBatchNorm2d)
     assert {e.module_kind for e in state_entries(model)} == {"conv", "bn", "linear"}
+
+
+def test_a_personal_model_evaluates_with_the_servers_shrunk_statistics_and_its_own_affine():
+    """After a round, a client's personal model (download + its private entries) in evaluation mode normalizes
+    with eq. (9) applied to the clients' weighted mean running statistics, and its own trained BN affine."""
+    algo, model = _algo(js_sigma2="sampling")
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    server = algo.init_server(initial)
+    download = algo.download(server)
+    torch.manual_seed(0)
+    clients, uploads = [], []
+    for cid, (scale, shift) in enumerate([(1.0, 0.0), (3.0, 2.0), (0.5, -1.0)]):  # three feature-shifted domains
+        client = algo.init_client(ClientSpec(id=cid, domain=f"d{cid}", rows={"train": np.arange(8)}), initial)
+        batch = (torch.randn(8, 3, 28, 28) * scale + shift, torch.randint(0, 10, (8,)))
+        uploads.append(local_round(algo, model, client, download, steps=3, batch=batch))
+        clients.append(client)
+    samples = [8, 24, 16]
+    tensors = {k: [u[k] for u in uploads] for k in uploads[0]}
+    aggregate(algo, server, Uploads(clients=np.arange(3), meta=client_meta(samples), tensors=tensors))
+    download = algo.download(server)
+
+    p = np.array(samples, dtype=np.float64) / sum(samples)
+    x = torch.randn(4, 3, 28, 28) * 3.0 + 2.0
+    for client, own in zip(clients, uploads):
+        load_state(model.state_dict(), algo, download, client.private)
+        model.eval()
+        with torch.no_grad():
+            got = model(x)
+        reference = build_model("smallcnn", num_classes=10, image_size=(28, 28), norm="bn").eval()
+        expected_state, factors = {}, []
+        for key in model.state_dict():
+            if key.endswith(("running_mean", "running_var")):
+                stacked = np.stack([t[key].astype(np.float64) for t in uploads])
+                mean = np.tensordot(p, stacked, axes=1)
+                spread = np.tensordot(p, np.square(stacked - mean), axes=1).mean()
+                sigma2 = spread * np.square(p).sum() / (1 - np.square(p).sum())  # eq. (9)'s sigma^2, by hand
+                factor = max(1 - (len(mean) - 2) * sigma2 / np.square(mean).sum(), 0.0)  # positive part
+                factors.append(factor)
+                expected_state[key] = torch.from_numpy(factor * mean).float()
+            elif key in client.private:
+                expected_state[key] = client.private[key]  # BN affine and counter: the client's own
+            else:
+                expected_state[key] = torch.from_numpy(np.tensordot(p, np.stack([t[key] for t in uploads]), axes=1)).float()
+        assert any(0 < f < 1 for f in factors)
+        reference.load_state_dict(expected_state)
+        with torch.no_grad():
+            torch.testing.assert_close(got, reference(x), rtol=1e-4, atol=1e-5)
+            own_stats = {**expected_state, **{k: torch.from_numpy(own[k]) for k in expected_state
+                                               if k.endswith(("running_mean", "running_var"))}}
+            reference.load_state_dict(own_stats)
+            assert not torch.allclose(got, reference(x), rtol=1e-3, atol=1e-3)  # not the client's own statistics
