@@ -46,7 +46,7 @@ from torch import nn
 
 from mpifl.algorithms import ClientState, all_options, get_algorithm
 from mpifl.job.checkpoint import load as load_meta
-from mpifl.job.checkpoint import load_adopted, load_clients, load_server, verify
+from mpifl.job.checkpoint import UnusableCheckpoint, load_adopted, load_clients, load_server, verify
 from mpifl.plan.config import RunConfig, resolve
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
@@ -200,12 +200,16 @@ def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device:
     cfg = run_config(run_dir, data_root)
     manifest = ensure_dataset(cfg.data_root, cfg.data)
     session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
-    meta = load_meta(run_dir, cfg, len(session.clients))
-    verify(run_dir, meta)
-    server = load_server(run_dir, meta)
-    store = PrivateStore(session.algo, {c.id: c for c in session.clients}, session.initial, torch.device("cpu"),
-                         budget_gib=float("inf"), rank=0)
-    store.restore(load_clients(run_dir, meta, [c.id for c in session.clients]), load_adopted(run_dir, meta))
+    try:
+        meta = load_meta(run_dir, cfg, len(session.clients))
+        verify(run_dir, meta)
+        server = load_server(run_dir, meta)
+        store = PrivateStore(session.algo, {c.id: c for c in session.clients}, session.initial, torch.device("cpu"),
+                             budget_gib=float("inf"), rank=0)
+        store.restore(load_clients(run_dir, meta, [c.id for c in session.clients]), load_adopted(run_dir, meta))
+    except UnusableCheckpoint as exc:
+        raise exc.advising("there is nothing to analyse in it; analyse a run whose checkpoint is intact (its "
+                           "metrics.jsonl stays readable by python -m mpifl.report)") from None
     private = {c.id: store.peek(c.id).private for c in session.clients}  # the initial state if never trained
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

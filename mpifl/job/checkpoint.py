@@ -162,6 +162,21 @@ def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+RESUME_ADVICE = "it cannot be resumed; start the run again with another --out (its metrics.jsonl stays as it is)"
+
+
+class UnusableCheckpoint(MpiflError):
+    """A checkpoint that is not there or cannot be read as it was written: ``damage`` says what, the message adds
+    what to do, a resume's by default; another use (the analyses) names its own with :meth:`advising`."""
+
+    def __init__(self, damage: str, advice: str = RESUME_ADVICE):
+        super().__init__(f"{damage}; {advice}")
+        self.damage = damage
+
+    def advising(self, advice: str) -> "UnusableCheckpoint":
+        return UnusableCheckpoint(self.damage, advice)
+
+
 def identity(cfg: RunConfig) -> dict:
     """The options a resumed run must share with the checkpointed one (method options included)."""
     return {**{k: getattr(cfg, k) for k in IDENTITY}, **cfg.algo_options}
@@ -171,8 +186,14 @@ def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
     """``meta.json`` of RUN_DIR, checked against the run about to continue it."""
     path = Path(run_dir) / DIRNAME / "meta.json"
     if not path.exists():
-        raise MpiflError(f"no checkpoint in {run_dir} (no {DIRNAME}/meta.json); it was run without --ckpt-every "
-                         "and never stopped by a signal, so it can only be run again from the start")
+        again = "it can only be run again from the start, with another --out"
+        uncommitted = sorted((Path(run_dir) / DIRNAME).glob("round-*"), key=lambda p: int(p.name[len("round-"):]))
+        if uncommitted:  # a run that ended while writing its first checkpoint; the next commit removes it
+            raise UnusableCheckpoint(f"no committed checkpoint in {run_dir}: {DIRNAME}/{uncommitted[-1].name}/ was "
+                                     f"still being written when the run ended (no {DIRNAME}/meta.json commits it)",
+                                     again)
+        raise UnusableCheckpoint(f"no checkpoint in {run_dir} (no {DIRNAME}/meta.json): it was run without "
+                                 "--ckpt-every and never stopped by a signal", again)
     checkpoint = _parse(path)
     ours = identity(cfg)
     differ = [k for k in sorted(set(checkpoint.identity) | set(ours)) if checkpoint.identity.get(k) != ours.get(k)]
@@ -187,11 +208,10 @@ def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
 
 
 def _parse(path: Path) -> Checkpoint:
-    damaged = "cannot be resumed; start the run again with another --out (its metrics.jsonl stays as it is)"
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise MpiflError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc}): the run {damaged}") from None
+        raise UnusableCheckpoint(f"checkpoint {path} is unreadable ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise MpiflError(f"checkpoint {path} has format {found}, this mpifl reads {FORMAT}; "
@@ -202,7 +222,7 @@ def _parse(path: Path) -> Checkpoint:
                           files={name: FileRecord(int(f["bytes"]), str(f["sha256"]))
                                  for name, f in raw["files"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise MpiflError(f"checkpoint {path} lacks or garbles {exc}: the run {damaged}") from None
+        raise UnusableCheckpoint(f"checkpoint {path} lacks or garbles {exc}") from None
 
 
 def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
@@ -212,13 +232,12 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     expected = [SERVER_FILE] + [rank_file(rank) for rank in sorted(checkpoint.ranks)]
     unrecorded = [name for name in expected if name not in checkpoint.files]
     if unrecorded:
-        raise MpiflError(f"checkpoint {folder.parent / 'meta.json'} records no {unrecorded[0]}: the checkpoint is "
-                         "damaged and cannot be resumed; start the run again with another --out")
+        raise UnusableCheckpoint(f"checkpoint {folder.parent / 'meta.json'} records no {unrecorded[0]}: the "
+                                "checkpoint is damaged")
 
     def refuse(name: str, problem: str):
-        return MpiflError(f"checkpoint file {folder / name} {problem}: the checkpoint of round {checkpoint.round} is "
-                          "damaged and cannot be resumed; start the run again with another --out (its metrics.jsonl "
-                          "stays as it is)")
+        return UnusableCheckpoint(f"checkpoint file {folder / name} {problem}: the checkpoint of round "
+                                 f"{checkpoint.round} is damaged")
 
     for name in expected:
         path, record = folder / name, checkpoint.files[name]
@@ -232,8 +251,8 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
 
 
 def _unreadable(path: Path, exc: Exception) -> MpiflError:
-    return MpiflError(f"cannot load checkpoint file {path} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                      "it cannot be resumed; start the run again with another --out")
+    return UnusableCheckpoint(f"cannot load checkpoint file {path} ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0]})")
 
 
 def _torch_load(path: Path, member: str | None = None):

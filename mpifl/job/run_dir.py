@@ -57,9 +57,15 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
+#: What marks a directory as one run's own (:func:`_check_not_inside_a_run`): its first file, its records, its
+#: checkpoints, a live run's claim.
+RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint", LOCK_NAME)
+
+
 def check_new(path: Path) -> None:
     """Refuse (one line, nothing written) a directory a new run cannot own."""
     _check_creatable(path)
+    _check_not_inside_a_run(path)
     if (path / LOCK_NAME).exists():  # a live run's (refused here, naming it), or a crashed one's
         probe = claim(path)
         if probe is not None:
@@ -70,6 +76,15 @@ def check_new(path: Path) -> None:
         raise MpiflError(f"run directory {path} already holds a run ({', '.join(found)}); a run directory belongs "
                          "to one run: pass another --out" + (f", or --resume {path} to continue that run" if resumable
                                                              else ", or remove it"))
+
+
+def _check_not_inside_a_run(path: Path) -> None:
+    """``path`` lies in no other run's directory (live or finished): a run nested in a run would mix them."""
+    for parent in path.absolute().parents:
+        marks = [name for name in RUN_MARKS if _lexists(parent / name)]
+        if marks:
+            raise MpiflError(f"--out {path} lies inside the run directory {parent} (it holds {', '.join(marks)}); "
+                             "a run directory belongs to one run: pass an --out outside it")
 
 
 def _check_creatable(path: Path) -> None:

@@ -107,8 +107,15 @@ def test_errors_are_one_line(tmp_path, data_root):
     with pytest.raises(MpiflError, match="--clients"):
         pick_clients(ckpt, "0,9")
     run = make_checkpoint(tmp_path / "plain", data_root)
+    (run / "checkpoint" / "round-1" / "rank-1.zip").write_bytes(b"cut")
+    with pytest.raises(MpiflError) as damaged:
+        load_checkpointed(run)
+    message = str(damaged.value)
+    assert "rank-1.zip has 3 bytes" in message and "there is nothing to analyse in it" in message
+    assert "resume" not in message and "--out" not in message  # the analyses' own wording, not a resume's
     (run / "checkpoint" / "meta.json").unlink()
-    with pytest.raises(MpiflError, match="no checkpoint in"):
+    with pytest.raises(MpiflError, match="no committed checkpoint in .*round-1/ was still being written .*nothing "
+                                         "to analyse"):
         load_checkpointed(run)
 
 

@@ -154,11 +154,18 @@ def test_resume_without_a_checkpoint_or_past_its_rounds_is_refused_and_changes_n
         assert job.returncode == 2
         one_error(job, "is checkpointed after round 2; pass --rounds above 2")
         assert snapshot(run) == before  # config.json still says 2 rounds
+    (run / "checkpoint" / "meta.json").unlink()  # a run that ended while its first checkpoint was being written
+    before = snapshot(run)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, f"no committed checkpoint in {run}: checkpoint/round-2/ was still being written when the run "
+                   "ended (no checkpoint/meta.json commits it); it can only be run again from the start")
+    assert snapshot(run) == before
     shutil.rmtree(run / "checkpoint")
     before = snapshot(run)
     job = run_here("--resume", str(run), "--rounds", "3")
     assert job.returncode == 2
-    one_error(job, f"no checkpoint in {run}")
+    one_error(job, f"no checkpoint in {run} (no checkpoint/meta.json): it was run without --ckpt-every")
     assert snapshot(run) == before
 
 

@@ -99,6 +99,24 @@ def test_a_finished_run_is_refused_and_so_is_a_folder_of_folds(data_root, tmp_pa
     check_new(tmp_path / "mine")  # other files may be there: nothing a run writes is
 
 
+def test_an_out_inside_another_runs_directory_is_refused_and_leaves_the_disk_as_it_was(data_root, tmp_path):
+    run = tmp_path / "run"
+    assert run_here(*_args(data_root, run, "--rounds", "1")).returncode == 0
+    before = snapshot(tmp_path)
+    for out in (run / "sub", run / "a" / "b"):
+        nested = run_here(*_args(data_root, out, "--rounds", "1"))
+        assert nested.returncode == 2
+        one_error(nested, f"--out {out} lies inside the run directory {run} (it holds config.json, "
+                          "metrics.jsonl)", "pass an --out outside it")
+    assert snapshot(tmp_path) == before and not (run / "sub").exists() and not (run / "a").exists()
+    (tmp_path / "live").mkdir()
+    (tmp_path / "live" / LOCK_NAME).write_text("")  # a run's claim (live or not, the folder is that run's)
+    with pytest.raises(MpiflError, match=f"lies inside the run directory {tmp_path / 'live'} "):
+        check_new(tmp_path / "live" / "run")
+    (tmp_path / "lodo" / "holdout-mono").mkdir(parents=True)  # --holdout all's folds go inside their folder
+    check_new(tmp_path / "lodo" / "holdout-photo")
+
+
 @pytest.mark.parametrize("out,pattern", [
     ("file", "is a file, not a directory; pass a directory"),
     ("file/run", "is a file; pass another --out"),
