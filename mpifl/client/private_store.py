@@ -175,6 +175,14 @@ class PrivateStore:
         self.spilled.add(cid)
 
     def _read(self, cid: int) -> dict[str, torch.Tensor]:
-        with (self._folder() / f"client-{cid}.pt").open("rb") as f:
-            saved = torch.load(f, weights_only=True)
+        path = self._folder() / f"client-{cid}.pt"
+        try:
+            with path.open("rb") as f:
+                saved = torch.load(f, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - missing, cut short, or changed since this rank wrote it
+            problem = "is gone" if isinstance(exc, FileNotFoundError) else "cannot be read back"
+            raise MpiflError(f"--private-memory: client {cid}'s private state, spilled to {path}, {problem} "
+                             f"({type(exc).__name__}): it was removed or damaged while the run went on; "
+                             "resume from the last checkpoint (--resume RUN_DIR) to recover it, and keep "
+                             "TMPDIR's spill folders while a run lives") from None
         return {k: v.to(self.device) for k, v in saved.items()}

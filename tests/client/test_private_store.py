@@ -124,3 +124,22 @@ def test_an_unwritable_spill_folder_is_one_line(tmp_path, monkeypatch):
     _train(store, 0, 1.0)
     with pytest.raises(MpiflError, match="cannot create a folder for private state beyond the budget.*TMPDIR"):
         _train(store, 1, 1.0)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_spill_file_damaged_while_the_run_lives_names_the_client_the_file_and_the_recovery(tmp_path, monkeypatch,
+                                                                                             damage):
+    store = _store(0.0, tmp=tmp_path, monkeypatch=monkeypatch)
+    _train(store, 0, 1.0)
+    _train(store, 1, 2.0)  # client 0 spilled
+    path, = (p for p in tmp_path.rglob("client-0.pt"))
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:20])
+    else:
+        path.unlink()
+    with pytest.raises(MpiflError) as e:
+        store.get(0)
+    message = str(e.value)
+    problem = "cannot be read back" if damage == "truncated" else "is gone"
+    assert f"client 0's private state, spilled to {path}, {problem}" in message
+    assert "--resume RUN_DIR" in message and "\n" not in message
