@@ -132,7 +132,7 @@ class CCST(FedAvg):
                 raise MpiflError(message)
         self.k = cfg.opt("ccst_k")
         self.bank = 1
-        self._model: StyleModel | None = None
+        self._model = load_style_model(folder, "cpu")  # at set-up: files that are not the AdaIN weights are refused
         self._styles: torch.Tensor | None = None  # (N_train, J, 2, 512)
 
     def bind_clients(self, clients):
@@ -152,9 +152,7 @@ class CCST(FedAvg):
                                  "training images; lower it (0: the smallest client's count)")
 
     def _style_model(self, device) -> StyleModel:
-        if self._model is None:
-            self._model = load_style_model(self.cfg.opt("style_model"), device)
-        return self._model
+        return self._model.to(device)
 
     # ------------------------------------------------------- one-time exchange
     def setup_exchange(self):

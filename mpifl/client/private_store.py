@@ -54,6 +54,25 @@ class PrivateStore:
         self._total = 0  # their sum
         self._used: set[int] = set()  # resident clients handed out since the last count (their state may grow)
         self._spill_dir: Path | None = None
+        self._check_spill_folder()
+
+    def _check_spill_folder(self) -> None:
+        """Set-up, before the run directory is made: if the hosted clients' state can outgrow the budget, the
+        folder it would spill to (``$TMPDIR``) must be a writable directory (else one line, nothing written)."""
+        where = os.environ.get("TMPDIR")
+        if where is None or not self.specs:
+            return  # tempfile's own choice, which falls back to a usable folder
+        one = state_bytes(self.algo.init_client(next(iter(self.specs.values())), self.initial).private)
+        if len(self.specs) * one <= self.budget:
+            return
+        folder = Path(where)
+        problem = ("does not exist" if not folder.exists() else "is not a directory" if not folder.is_dir()
+                   else "is not writable" if not os.access(folder, os.W_OK | os.X_OK) else None)
+        if problem:
+            raise MpiflError(f"--private-memory {self.budget / 2**30:g} GiB: client rank {self.rank}'s "
+                             f"{len(self.specs)} clients' private state can outgrow it and would spill to "
+                             f"TMPDIR={where}, which {problem}; point TMPDIR at a writable local disk, or raise "
+                             "--private-memory")
 
     # ------------------------------------------------------------ use
     def adopt(self, download: dict[str, torch.Tensor], round_index: int) -> None:

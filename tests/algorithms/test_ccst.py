@@ -134,6 +134,15 @@ def test_a_missing_style_model_is_one_line_before_anything_runs(data_root, tmp_p
     job = run_here("--data-root", str(data_root), "--algo", "ccst", "--out", str(tmp_path / "run"), "--rounds", "1")
     assert job.returncode == 2 and len(job.stderr.splitlines()) == 1 and "--style-model DIR" in job.stderr
     assert not (tmp_path / "run").exists()
+    wrong = tmp_path / "wrong"  # the right names, other weights (a pickle carrying code fails torch's weights_only)
+    wrong.mkdir()
+    torch.save({"0.weight": torch.zeros(3, 3, 1, 1)}, wrong / "vgg_normalised.pth")
+    (wrong / "decoder.pth").write_bytes((style_model / "decoder.pth").read_bytes())
+    job = run_here("--data-root", str(data_root), "--algo", "ccst", "--style-model", str(wrong),
+                   "--out", str(tmp_path / "run"), "--rounds", "1")
+    assert job.returncode == 2 and len(job.stderr.splitlines()) == 1, job.stderr
+    assert f"{wrong / 'vgg_normalised.pth'} is not the AdaIN vgg_normalised" in job.stderr
+    assert not (tmp_path / "run").exists()  # found at set-up: the same command, corrected, can run
 
 
 def test_the_styles_show_in_the_manifest_as_data_derived(data_root, style_model):
