@@ -32,7 +32,9 @@ from ..plan.config import RunConfig
 
 #: What a run writes into its directory (``--holdout all``: a folder of fold runs and their table).
 RUN_FILES = ("config.json", "metrics.jsonl", "log.txt", "summary.csv", "summary.md", "checkpoint",
-             "traceback-rank*.txt", "holdout-*", "config.json.tmp", "metrics.jsonl.tmp")
+             "traceback-rank*.txt", "holdout-*", "config.json.tmp", "metrics.jsonl.tmp", "attempts")
+TRACEBACKS = "traceback-rank*.txt"  # a bug's traceback, one file per failed rank (job.start)
+ATTEMPTS = "attempts"  # a resumed run's earlier attempts: attempts/<k>/ holds the k-th one's tracebacks
 
 
 def run_files(path: Path) -> list[str]:
@@ -150,6 +152,22 @@ def open_new(path: Path, cfg: RunConfig) -> tuple[Path, DirectoryLock | None]:
                          "pass another --out")
     write_config(path, cfg, lock)
     return path, lock
+
+
+def archive_attempt(path: Path) -> str | None:
+    """A resumed run, once it may write: the tracebacks of the attempt that failed go to ``attempts/<k>/`` (the
+    k-th attempt), so the directory shows this attempt's files only; the line for the log, or None."""
+    tracebacks = sorted(path.glob(TRACEBACKS))
+    if not tracebacks:
+        return None
+    history = path / ATTEMPTS
+    k = 1 + sum(1 for p in history.iterdir() if p.is_dir()) if history.is_dir() else 1
+    folder = history / str(k)
+    folder.mkdir(parents=True)
+    for file in tracebacks:
+        os.replace(file, folder / file.name)
+    return (f"the failed attempt's {', '.join(f.name for f in tracebacks)} moved to {folder} (attempt {k}); "
+            "this attempt writes its own")
 
 
 def write_config(path: Path, cfg: RunConfig, lock: DirectoryLock | None) -> None:

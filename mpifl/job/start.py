@@ -44,7 +44,7 @@ from ..transport.inprocess import run_threads
 from .checkpoint import Checkpoint
 from .checkpoint import load as load_checkpoint
 from .checkpoint import verify as verify_checkpoint
-from .run_dir import check_new, claim, default_run_dir, open_new, write_config
+from .run_dir import TRACEBACKS, archive_attempt, check_new, claim, default_run_dir, open_new, write_config
 from .signals import EXIT_STOPPED, StopRequest
 from .world import launched_world
 
@@ -182,6 +182,11 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
                 return None
             if resume:
                 write_config(run_dir, cfg, owner)
+                archived = archive_attempt(run_dir)
+                if archived:
+                    print(archived)
+                    with (run_dir / "log.txt").open("a") as log:
+                        log.write(archived + "\n")
                 opened = run_dir
             else:
                 opened, owner = open_new(run_dir, cfg)
@@ -253,7 +258,7 @@ def _crash_line(rank: int, exc: BaseException, run_dir: Path | None) -> str:
     text = "".join(traceback.format_exception(exc))
     where = "above"
     if run_dir is not None:
-        path = run_dir / f"traceback-rank{rank}.txt"
+        path = run_dir / TRACEBACKS.replace("*", str(rank))
         path.write_text(text)
         where = f"in {path}"
     else:

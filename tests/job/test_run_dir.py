@@ -154,3 +154,20 @@ def test_a_run_refused_while_setting_up_leaves_no_directory(data_root, tmp_path)
     assert job.returncode == 2 and "--holdout moon is not a domain" in job.stderr
     assert not run.exists()
     assert run_here(*_args(data_root, run, "--rounds", "1")).returncode == 0
+
+
+def test_a_successful_resume_moves_the_failed_attempts_traceback_into_the_runs_history(data_root, tmp_path,
+                                                                                       monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setenv("MPIFL_FAULT", "raise:rank=1,round=3")  # a bug on client rank 1 in round 3
+    failed = run_here(*_args(data_root, run, "--rounds", "4", "--ckpt-every", "1"))
+    assert failed.returncode == 1 and (run / "traceback-rank1.txt").is_file()
+    text = (run / "traceback-rank1.txt").read_text()
+    monkeypatch.delenv("MPIFL_FAULT")
+    resumed = run_here("--resume", str(run), "--rounds", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not list(run.glob("traceback-rank*.txt"))
+    assert (run / "attempts" / "1" / "traceback-rank1.txt").read_text() == text  # kept, out of the way
+    line = f"the failed attempt's traceback-rank1.txt moved to {run / 'attempts' / '1'} (attempt 1)"
+    assert line in resumed.stdout and line in (run / "log.txt").read_text()
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3, 4]
