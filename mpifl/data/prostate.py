@@ -26,6 +26,7 @@ UCL 105/35/35; FedRDN's public code has no segmentation):
 * intensities per volume: clipped at the volume's 99th percentile (NumPy's linear quantile), scaled
   from the volume's minimum to that percentile onto 0..255 and truncated to uint8;
 * masks: every label >= 1 is prostate (1; sites labelling zones get them merged), the rest background;
+  a mask whose values are not integer labels (a soft or resampled one) is refused, naming its file;
 * slices: the axial slices (along the volume's third NIfTI axis; a slice's rows run along the second
   axis, as in the SimpleITK arrays the reference reads) whose mask holds prostate, the first and last
   slice of a volume excepted (the reference stacks each slice with its two neighbours);
@@ -34,7 +35,8 @@ UCL 105/35/35; FedRDN's public code has no segmentation):
   :data:`~mpifl.data.splits.SPLIT_SEED` and the site id (the reference draws its permutation once
   and saves it per site; HarmoFL ships those files, FedFA's are not public), then train = the first
   ``int(0.6 n)``, val = the next ``int(0.2 n)``, test = the last ``int(0.2 n)``: the 0 to 2 slices
-  between val and test are left out, as the reference does.  FedFA's minimum of 32 train slices is
+  between val and test are left out, as the reference does; a site with a split left empty is refused
+  (under five slices with prostate).  FedFA's minimum of 32 train slices is
   not kept (on a small site it makes train overlap test; every real site has over 150 slices).
 
 **Channels**: each slice with its two neighbours as 3 channels (the slice in the middle), the reference's
@@ -195,8 +197,13 @@ def case_slices(case: Case, size: int) -> tuple[np.ndarray, np.ndarray]:
     if volume.shape != mask.shape:
         raise MpiflError(f"volume {case.volume} is {'x'.join(map(str, volume.shape))} but its mask {case.mask.name} "
                          f"is {'x'.join(map(str, mask.shape))}; use the pair as released ({_RELEASE})")
+    labels = np.asarray(mask)
+    if labels.dtype.kind == "f" and not (np.isfinite(labels).all() and np.array_equal(labels, np.round(labels))):
+        odd = labels[~(np.isfinite(labels) & (labels == np.round(labels)))]
+        raise MpiflError(f"mask {case.mask} holds values that are not integer labels (e.g. {odd.flat[0]:g}: a soft "
+                         f"or resampled mask); use the release's label masks ({_RELEASE})")
     pixels = to_uint8(volume, case.volume).T  # (z, y, x), as SimpleITK's arrays
-    prostate = (mask >= 1).astype(np.uint8).T
+    prostate = (labels >= 1).astype(np.uint8).T
     kept = [k for k in range(1, len(prostate) - 1) if prostate[k].any()]
     images = np.empty((len(kept), size, size, _channels()), np.uint8)
     masks = np.empty((len(kept), size, size), np.uint8)
@@ -230,6 +237,11 @@ def _write_site(site: str, folder: Path, cases: list[Case], built: Path, size: i
         raise MpiflError(f"no slice of site {site} ({folder}) has prostate in its mask (a volume's first and last "
                          f"slices not counted); the masks are empty or not the release's: {_RELEASE}")
     split = split_slices(len(images), site)
+    empty = [name for name, rows in zip(SPLITS, split) if not len(rows)]
+    if empty:
+        raise MpiflError(f"site {site} ({folder}) has only {len(images)} slices with prostate, so its "
+                         f"{' and '.join(empty)} split{'s' if len(empty) > 1 else ''} would be empty; restore the "
+                         f"site's missing cases ({_RELEASE}) or leave the site out of --src")
     with ShardWriter(built / f"{site}.h5", dataset=NAME, domain=site, classes=CLASSES, image_size=(size, size),
                      channels=_channels(), source=f"{_SOURCE}: site {site} ({folder.resolve()}); {rule}",
                      task="segmentation") as writer:

@@ -144,25 +144,26 @@ def test_layout_variants_and_resizing(tmp_path):
     written = {}
     for k, site in enumerate(SITES):
         suffix, ext = ("_seg", ".nii") if k % 2 else ("_SEGMENTATION", ".nii.gz")
-        written[site] = write_case(src / folders[site], "case07", rng, shape=(10, 7, 6), suffix=suffix, ext=ext)
+        written[site] = [write_case(src / folders[site], case, rng, shape=(10, 7, 6), suffix=suffix, ext=ext)
+                         for case in ("case07", "case08")]  # 6 slices: no split empty
     (src / "bidmc" / "README.txt").write_text("not a volume")  # other files are ignored,
     (src / "bidmc" / "._case07.nii.gz").write_bytes(b"\0")  # hidden ones (macOS resource forks) too
     manifest = prepare_prostate(tmp_path / "src", tmp_path / "out", size=5)
     assert manifest.image_size == (5, 5)
     for site in SITES:
-        expected = expected_slices(*written[site], size=5)
+        expected = [pair for case in written[site] for pair in expected_slices(*case, size=5)]
         got = read_back(tmp_path / "out", site)
         images = np.concatenate([got[s][0] for s in SPLITS])[..., 1]
         masks = np.concatenate([got[s][1] for s in SPLITS])
         pairs = {i.tobytes(): m for i, m in expected}
-        assert len(images) == 1 and all(np.array_equal(pairs[i.tobytes()], m) for i, m in zip(images, masks))
+        assert len(images) == 5 and all(np.array_equal(pairs[i.tobytes()], m) for i, m in zip(images, masks))
         assert set(np.unique(masks)) <= {0, 1}
 
 
 def test_default_size_is_the_releases_384(tmp_path):
-    write_release(tmp_path / "src", cases=dict.fromkeys(SITES, 1))
+    write_release(tmp_path / "src", cases=dict.fromkeys(SITES, 2))
     manifest = prepare_prostate(tmp_path / "src", tmp_path / "out")
-    assert manifest.image_size == (384, 384) and manifest.splits["UCL"] == {"train": 1, "val": 0, "test": 0}
+    assert manifest.image_size == (384, 384) and manifest.splits["UCL"] == {"train": 3, "val": 1, "test": 1}
 
 
 def test_the_three_channels_are_the_slice_and_its_neighbours_or_the_slice_alone(tmp_path, monkeypatch):
@@ -244,7 +245,20 @@ def break_empty_site(src):
     return "no NIfTI volume", "site BIDMC"
 
 
-BREAKS = [break_missing_site, break_volume_without_mask, break_mask_without_volume, break_shape_mismatch,
+def break_soft_mask(src):
+    mask = np.zeros(SHAPE, np.float32)
+    mask[2:6, 1:4, 1:5] = 0.4  # a soft (probability) mask: >= 1 nowhere, read as "no prostate" before
+    save(_site(src, "HK") / "Case01_segmentation.nii.gz", mask)
+    return "mask", "Case01_segmentation.nii.gz holds values that are not integer labels (e.g. 0.4"
+
+
+def break_too_few_slices(src):
+    for path in _site(src, "BIDMC").glob("Case01*"):
+        path.unlink()
+    return "site BIDMC", "has only 3 slices with prostate, so its val and test splits would be empty"
+
+
+BREAKS = [break_soft_mask, break_too_few_slices, break_missing_site, break_volume_without_mask, break_mask_without_volume, break_shape_mismatch,
           break_unreadable_volume, break_not_a_volume, break_constant_volume, break_two_folders_for_a_site,
           break_two_volumes_for_a_case, break_empty_masks, break_empty_site]
 
