@@ -23,7 +23,9 @@ import errno
 import fcntl
 import os
 import secrets
+import shutil
 import socket
+import time
 from pathlib import Path
 
 LOCK_NAME = ".mpifl-lock"
@@ -132,3 +134,30 @@ def holder(directory: Path) -> str:
         return (Path(directory) / LOCK_NAME).read_text().strip()
     except OSError:
         return ""
+
+
+def remove_unheld(parent: Path, pattern: str, unclaimed_after: float) -> list[Path]:
+    """Remove the directories in ``parent`` matching ``pattern`` that no live process holds (a holder died, the
+    SIGKILL or OOM killer's leftovers); return them.  One without a lock file counts as unheld once
+    ``unclaimed_after`` seconds old (its maker may be about to claim it); where the file system keeps no
+    locks, none is removed (whether its holder lives cannot be told)."""
+    removed = []
+    for path in sorted(Path(parent).glob(pattern)):
+        if not path.is_dir() or path.is_symlink():
+            continue
+        if (path / LOCK_NAME).exists():
+            try:
+                lock = try_lock(path)
+            except OSError:
+                continue
+            if lock is None:
+                continue  # its holder lives
+        elif time.time() - path.stat().st_mtime > unclaimed_after:
+            lock = None
+        else:
+            continue  # just made: its maker is about to claim it
+        shutil.rmtree(path, ignore_errors=True)
+        if lock is not None:
+            lock.release()
+        removed.append(path)
+    return removed

@@ -6,8 +6,9 @@ A client's state (:class:`~mpifl.algorithms.ClientState`, what the method keeps:
 client trains.  Before that it is the initial state, which a personal evaluation builds and drops again, so a
 rank's memory grows with the clients that have trained, not with the clients it hosts.  When the states in
 memory exceed the budget, the least recently used ones go to one file each in a per-rank folder under
-``$TMPDIR`` (node-local disk on most clusters; removed when the rank's run ends, not when the rank is killed) and
-are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
+``$TMPDIR`` (node-local disk on most clusters; removed when the rank's run ends; a rank killed outright leaves
+it, and the next run on the node that spills removes it: a folder is held, :mod:`mpifl.dirlock`, while its rank
+lives) and are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
 depend on the budget.
 
 **Adopted entries** (sent down but not back, :attr:`Algorithm.adopted_keys`) are, by definition, every hosted
@@ -30,8 +31,12 @@ from typing import Iterator
 import torch
 
 from ..algorithms import Algorithm, ClientState
+from ..dirlock import DirectoryLock, LocksUnsupported, remove_unheld, try_lock
 from ..errors import MpiflError
 from ..plan.clients import ClientSpec
+
+SPILL_PREFIX = "mpifl-private-rank"  # a spill folder: <TMPDIR>/mpifl-private-rank<k>-<random>
+UNCLAIMED_SPILL_SECONDS = 60  # a spill folder without a lock file (its rank not yet holding it) is unheld once this old
 
 
 def state_bytes(private: dict[str, torch.Tensor]) -> int:
@@ -54,6 +59,7 @@ class PrivateStore:
         self._total = 0  # their sum
         self._used: set[int] = set()  # resident clients handed out since the last count (their state may grow)
         self._spill_dir: Path | None = None
+        self._spill_lock: DirectoryLock | None = None  # held while this rank lives (the kernel drops it at death)
         self._check_spill_folder()
 
     def _check_spill_folder(self) -> None:
@@ -153,10 +159,12 @@ class PrivateStore:
             self.fit_budget()
 
     def close(self) -> None:
-        """Remove the spill folder (the run ended, or failed)."""
+        """Remove the spill folder (the run ended, or failed) and give it up."""
         if self._spill_dir is not None:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
-            self._spill_dir = None
+            if self._spill_lock is not None:
+                self._spill_lock.release()
+            self._spill_dir = self._spill_lock = None
 
     # ------------------------------------------------------------ internals
     def _initial(self, cid: int) -> dict[str, torch.Tensor]:
@@ -172,10 +180,16 @@ class PrivateStore:
         return max([seen] + [r for r, _ in self.adopted.values()])
 
     def _folder(self) -> Path:
+        """The rank's spill folder, made and claimed on first use, after removing those no live rank holds."""
         if self._spill_dir is None:
             try:
-                self._spill_dir = Path(tempfile.mkdtemp(prefix=f"mpifl-private-rank{self.rank}-",
-                                                        dir=os.environ.get("TMPDIR")))
+                parent = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
+                remove_unheld(parent, f"{SPILL_PREFIX}*", UNCLAIMED_SPILL_SECONDS)
+                self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{self.rank}-", dir=parent))
+                try:
+                    self._spill_lock = try_lock(self._spill_dir)
+                except LocksUnsupported:  # kept no locks: a killed rank's folder stays, as before
+                    self._spill_lock = None
             except OSError as exc:
                 raise MpiflError(f"--private-memory: cannot create a folder for private state beyond the budget "
                                  f"({exc.strerror}: {exc.filename}); point TMPDIR at a writable local disk, or "

@@ -19,12 +19,11 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
 from mpifl.data.manifest import MANIFEST
-from mpifl.dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, try_lock
+from mpifl.dirlock import DirectoryLock, LocksUnsupported, remove_unheld, try_lock
 from mpifl.errors import MpiflError
 
 UNCLAIMED_STALE_SECONDS = 60  # a staging directory with no lock file is stale once this old
@@ -88,26 +87,7 @@ def staging_dir(out: Path, name: str) -> tuple[Path, DirectoryLock | None]:
 
 def remove_stale(out: Path) -> list[Path]:
     """Remove the staging directories under ``out`` that no live process holds; return them."""
-    removed = []
-    for path in sorted(out.glob(".*.tmp-*")):
-        if not path.is_dir() or path.is_symlink():
-            continue
-        if (path / LOCK_NAME).exists():
-            try:
-                lock = try_lock(path)
-            except OSError:  # no locks here: whether its converter lives cannot be told
-                continue
-            if lock is None:
-                continue  # a converter at work
-        elif time.time() - path.stat().st_mtime > UNCLAIMED_STALE_SECONDS:
-            lock = None
-        else:
-            continue  # just made: its converter is about to claim it
-        shutil.rmtree(path, ignore_errors=True)
-        if lock is not None:
-            lock.release()
-        removed.append(path)
-    return removed
+    return remove_unheld(out, ".*.tmp-*", UNCLAIMED_STALE_SECONDS)
 
 
 def discard_staging(tmp: Path, lock: DirectoryLock | None) -> None:

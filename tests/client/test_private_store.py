@@ -1,12 +1,16 @@
 """The private store: state created on first training, spilled beyond the budget and read back bit for bit,
 adopted entries as if written into every client every round, checkpoints streamed one client at a time."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from mpifl.algorithms import Algorithm, ClientState
 from mpifl.client.private_store import PrivateStore, state_bytes
+from mpifl.dirlock import LOCK_NAME, try_lock
 from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 
@@ -58,7 +62,7 @@ def test_a_zero_budget_keeps_only_the_client_in_use_and_reads_the_rest_back_bit_
         assert list(store.resident) == [cid]
     folder, = tmp_path.iterdir()
     assert folder.name.startswith("mpifl-private-rank1-")
-    assert sorted(p.name for p in folder.iterdir()) == ["client-0.pt", "client-1.pt"]
+    assert sorted(p.name for p in folder.iterdir()) == [".mpifl-lock", "client-0.pt", "client-1.pt"]  # held
     for cid, value in values.items():
         assert torch.equal(store.get(cid).private["w"], value) and torch.equal(store.get(cid).private["c"], -value)
     store.close()
@@ -119,8 +123,13 @@ def test_a_saved_state_of_another_shape_is_refused_in_one_line():
         store.restore(iter([(1, {"w": torch.zeros(4), "bn": torch.ones(2), "c": torch.zeros(5)})]), {})
 
 
-def test_an_unwritable_spill_folder_is_one_line(tmp_path, monkeypatch):
-    store = _store(0.0, tmp=tmp_path / "absent", monkeypatch=monkeypatch)
+def test_an_unusable_spill_folder_is_one_line_at_set_up_or_when_it_goes_away_later(tmp_path, monkeypatch):
+    with pytest.raises(MpiflError, match=r"--private-memory 0 GiB: client rank 1's 4 clients' private state can "
+                                         r"outgrow it and would spill to TMPDIR=.*absent, which does not exist"):
+        _store(0.0, tmp=tmp_path / "absent", monkeypatch=monkeypatch)
+    (tmp_path / "gone").mkdir()
+    store = _store(0.0, tmp=tmp_path / "gone", monkeypatch=monkeypatch)
+    (tmp_path / "gone").rmdir()  # removed while the run lives
     _train(store, 0, 1.0)
     with pytest.raises(MpiflError, match="cannot create a folder for private state beyond the budget.*TMPDIR"):
         _train(store, 1, 1.0)
@@ -143,3 +152,27 @@ def test_a_spill_file_damaged_while_the_run_lives_names_the_client_the_file_and_
     problem = "cannot be read back" if damage == "truncated" else "is gone"
     assert f"client 0's private state, spilled to {path}, {problem}" in message
     assert "--resume RUN_DIR" in message and "\n" not in message
+
+
+def test_spill_folders_whose_rank_is_gone_are_removed_by_the_next_run_that_spills(tmp_path, monkeypatch):
+    killed = tmp_path / "mpifl-private-rank1-killed"  # a rank killed outright: its lock file holds nothing now
+    killed.mkdir()
+    (killed / LOCK_NAME).write_text("pid 1 on a node, since then")
+    (killed / "client-3.pt").write_bytes(b"state")
+    live = tmp_path / "mpifl-private-rank2-live"  # another run's rank at work
+    live.mkdir()
+    holder = try_lock(live)
+    unclaimed = tmp_path / "mpifl-private-rank3-new"  # just made, its rank about to claim it
+    unclaimed.mkdir()
+    old = tmp_path / "mpifl-private-rank4-old"  # made long ago and never claimed
+    old.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    mine = tmp_path / "not-mpifl"
+    mine.mkdir()
+    store = _store(0.0, tmp=tmp_path, monkeypatch=monkeypatch)
+    _train(store, 0, 1.0)
+    _train(store, 1, 1.0)  # the first spill
+    assert not killed.exists() and not old.exists()
+    assert live.exists() and unclaimed.exists() and mine.exists()
+    holder.release()
+    store.close()
