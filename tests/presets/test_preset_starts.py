@@ -59,6 +59,8 @@ SIZES = {"train": 8000, "val": 1000, "test": 2000}
 SHARD_SIZES = {"train": 5000, "val": 500, "test": 1000}
 
 PRESETS = all_presets()
+
+
 def _normalize(channels: int) -> dict:
     """The fakes' manifest normalization (their images are blank)."""
     return {"mean": [0.5] * channels, "std": [0.25] * channels}
