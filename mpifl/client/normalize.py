@@ -91,6 +91,11 @@ def check_input_norm(mode: str, manifest: DatasetManifest) -> None:
     if mode == "fixed" and manifest.name not in FIXED_NORMALIZATION:
         raise MpiflError(f"--input-norm fixed: no fixed constants are known for dataset {manifest.name} (only "
                          f"{', '.join(FIXED_NORMALIZATION)}); use pooled, domain or imagenet")
+    if mode == "fixed" and len(FIXED_NORMALIZATION[manifest.name][0]) != manifest.channels:
+        raise MpiflError(f"--input-norm fixed: the constants of {manifest.name} are for "
+                         f"{len(FIXED_NORMALIZATION[manifest.name][0])} channels, this build of it has "
+                         f"{manifest.channels}; use pooled or domain, or prepare the dataset with its converter's "
+                         "channels")
     if mode == "imagenet" and manifest.channels != len(IMAGENET[0]):
         raise MpiflError(f"--input-norm imagenet needs RGB images; {manifest.name} has {manifest.channels} "
                          "channel(s): use pooled, domain or fixed")

@@ -131,6 +131,9 @@ def test_input_norm_a_dataset_cannot_use_is_a_one_line_error(data_root):
         check_input_norm("fixed", dataclasses.replace(manifest, name="pacs"))
     with pytest.raises(MpiflError, match="needs RGB images; styledigits has 1 channel"):
         check_input_norm("imagenet", dataclasses.replace(manifest, channels=1))
+    one_channel = dataclasses.replace(manifest, name="prostate", channels=1)  # a build without its neighbours
+    with pytest.raises(MpiflError, match="the constants of prostate are for 3 channels, this build of it has 1"):
+        check_input_norm("fixed", one_channel)
 
 
 # ------------------------------------------------------------------ --train-transforms on a segmentation task
