@@ -155,9 +155,11 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
                      device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = (),
                      mpirun: str | None = None) -> list[dict]:
     """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under ``mpirun`` (a command
-    line; default: the one beside this Python, :func:`~mpifl.job.world.own_mpirun`, else PATH's) with ``client_ranks`` client ranks, or in one process (None);
-    ``eval_every`` 0: evaluate after the last round only; ``extra``: more options of mpifl.run."""
-    launcher = [] if client_ranks is None else [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)]
+    line; default: the one beside this Python, :func:`~mpifl.job.world.own_mpirun`, else PATH's) with
+    ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
+    only; ``extra``: more options of mpifl.run."""
+    launcher = ([] if client_ranks is None else
+                [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)])
     cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),

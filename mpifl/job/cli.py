@@ -39,8 +39,9 @@ _HELP = {
              + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items()),
     "norm": "normalization layers: auto (the method's own: bn for most, perxan gperxan, jsbn fedstein, agn "
             "fednn, none fedwon, gn/ln fedavg-gn/-ln), or one of bn, gn, ln, in, none, perxan, agn, jsbn, ibn "
-            "(IBN-Net's IBN-a: IN on half the channels, BN on the rest; DenseNet: IN on the last 40 %), dson (DSON: learned mix of BN and IN "
-            "statistics, every entry a BN side); a method whose rule needs its own kind refuses the others",
+            "(IBN-Net's IBN-a: IN on half the channels, BN on the rest; DenseNet: IN on the last 40 %), dson "
+            "(DSON: learned mix of BN and IN statistics, every entry a BN side); a method whose rule needs its own "
+            "kind refuses the others",
     "norm_blocks": "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all for perxan and "
                    "dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet block bn1, "
                    "every third DenseNet norm1), "

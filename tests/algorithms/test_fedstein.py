@@ -180,7 +180,8 @@ def test_a_personal_model_evaluates_with_the_servers_shrunk_statistics_and_its_o
             elif key in client.private:
                 expected_state[key] = client.private[key]  # BN affine and counter: the client's own
             else:
-                expected_state[key] = torch.from_numpy(np.tensordot(p, np.stack([t[key] for t in uploads]), axes=1)).float()
+                stacked = np.stack([t[key] for t in uploads])
+                expected_state[key] = torch.from_numpy(np.tensordot(p, stacked, axes=1)).float()
         assert any(0 < f < 1 for f in factors)
         reference.load_state_dict(expected_state)
         with torch.no_grad():
