@@ -30,11 +30,16 @@ from ..dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, holder, try_lo
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 
+TRACEBACKS = "traceback-rank*.txt"  # a bug's traceback, one file per failed rank (:func:`traceback_file`)
+ATTEMPTS = "attempts"  # a resumed run's earlier attempts: attempts/<k>/ holds the k-th one's tracebacks
 #: What a run writes into its directory (``--holdout all``: a folder of fold runs and their table).
 RUN_FILES = ("config.json", "metrics.jsonl", "log.txt", "summary.csv", "summary.md", "checkpoint",
-             "traceback-rank*.txt", "holdout-*", "config.json.tmp", "metrics.jsonl.tmp", "attempts")
-TRACEBACKS = "traceback-rank*.txt"  # a bug's traceback, one file per failed rank (job.start)
-ATTEMPTS = "attempts"  # a resumed run's earlier attempts: attempts/<k>/ holds the k-th one's tracebacks
+             TRACEBACKS, "holdout-*", "config.json.tmp", "metrics.jsonl.tmp", ATTEMPTS)
+
+
+def traceback_file(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank``'s traceback of a bug goes."""
+    return run_dir / TRACEBACKS.replace("*", str(rank))
 
 
 def run_files(path: Path) -> list[str]:

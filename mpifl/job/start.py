@@ -44,7 +44,8 @@ from ..transport.inprocess import run_threads
 from .checkpoint import Checkpoint
 from .checkpoint import load as load_checkpoint
 from .checkpoint import verify as verify_checkpoint
-from .run_dir import TRACEBACKS, archive_attempt, check_new, claim, default_run_dir, open_new, write_config
+from .run_dir import (archive_attempt, check_new, claim, default_run_dir, open_new, traceback_file,
+                      write_config)
 from .signals import EXIT_STOPPED, StopRequest
 from .world import launched_world
 
@@ -258,7 +259,7 @@ def _crash_line(rank: int, exc: BaseException, run_dir: Path | None) -> str:
     text = "".join(traceback.format_exception(exc))
     where = "above"
     if run_dir is not None:
-        path = run_dir / TRACEBACKS.replace("*", str(rank))
+        path = traceback_file(run_dir, rank)
         path.write_text(text)
         where = f"in {path}"
     else:
