@@ -70,16 +70,17 @@ import torch
 import torch.nn.functional as F
 
 from .algorithms import get_algorithm
+from .algorithms.core.reduction import weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
-from .algorithms.reduction import weighted_sum
-from .job.world import own_mpirun
-from .plan.config import RunConfig
 from .models import build_model
+from .plan.config import RunConfig
 from .plan.placement import place_clients
 from .plan.seeding import seed_model_init
-from .plan.session import Session, make_session
+from .process.world import own_mpirun
+from .rundir.names import METRICS
+from .session.session import Session, make_session
 
 
 def bench_session(data_root: str, data: str, model_name: str, clients_per_domain: int,
@@ -155,7 +156,7 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
                      device: str, out: Path, eval_every: int = 0, extra: tuple[str, ...] = (),
                      mpirun: str | None = None) -> list[dict]:
     """Each round's record (seconds, bytes, memory) from a real run of mpifl.run: under ``mpirun`` (a command
-    line; default: the one beside this Python, :func:`~mpifl.job.world.own_mpirun`, else PATH's) with
+    line; default: the one beside this Python, :func:`~mpifl.process.world.own_mpirun`, else PATH's) with
     ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
     only; ``extra``: more options of mpifl.run."""
     launcher = ([] if client_ranks is None else
@@ -168,7 +169,7 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
 
 
 def speedup_bound(sizes: list[int], client_ranks: int) -> float:

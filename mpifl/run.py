@@ -16,9 +16,9 @@ if __name__ == "__main__":  # before the heavy imports: a rank failing in them m
 
     import sys
 
-    from mpifl.job.abort import abort_on_uncaught
-    from mpifl.job.faults import maybe_inject
-    from mpifl.job.world import launched_world, launcher_mismatch, launcher_rank
+    from mpifl.process.abort import abort_on_uncaught
+    from mpifl.process.faults import maybe_inject
+    from mpifl.process.world import launched_world, launcher_mismatch, launcher_rank
 
     refused = launcher_mismatch()  # before any option is read: each process would run the whole job alone
     if refused:

@@ -82,7 +82,7 @@ def run_here(*args: str) -> Job:
     import torch
 
     from mpifl.job.cli import invoke
-    from mpifl.job.signals import STOP_SIGNALS
+    from mpifl.process.signals import STOP_SIGNALS
     from mpifl.run import main
 
     threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in STOP_SIGNALS}

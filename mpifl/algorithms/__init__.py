@@ -1,6 +1,6 @@
 """Registry of federated algorithms, keyed by their ``--algo`` name.
 
-Every module of this package is imported here; each :class:`~mpifl.algorithms.base.Algorithm` subclass
+Every module of this package is imported here; each :class:`~mpifl.algorithms.core.base.Algorithm` subclass
 with a ``name`` registers itself, so a new method is one new file.
 """
 
@@ -8,8 +8,9 @@ import importlib
 import pkgutil
 
 from ..errors import MpiflError
-from .base import REGISTRY, Algorithm, ClientState, ServerState, SharePolicy, Uploads
-from .reduction import Folding, Reduction, weighted_mean
+from ..transport.share import SharePolicy
+from .core.base import REGISTRY, Algorithm, ClientState, ServerState, Uploads
+from .core.reduction import Folding, Reduction, weighted_mean
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -31,7 +31,7 @@ on their own images and on those images carrying other clients' amplitude spectr
   {0, 0.1, ..., 0.9}; its demonstration script steps lambda through 0.2, 0.4, ..., 1.0.  How the paper's
   text draws lambda was not checked (its text was not at hand).
 * **Which images**: the model receives normalized inputs x = a p + c (per channel,
-  :mod:`mpifl.client.normalize`); the code transforms raw pixels and clips them to [0, 255], so each
+  :mod:`mpifl.plan.normalize`); the code transforms raw pixels and clips them to [0, 255], so each
   mini-batch is mapped back to pixels with the client's own normalization, transformed, clipped and
   normalized again.  ``--aug fedrdn`` draws another normalization per mini-batch, which cannot be undone
   from the batch, and is refused.
@@ -50,7 +50,7 @@ on their own images and on those images carrying other clients' amplitude spectr
   forward passes run in training mode, so batch-norm running statistics are updated by both.
 * **Boundary-oriented episodic loss** (sec. 3.4), on a segmentation task only (a classification label has
   no mask, hence no boundary): the meta-test objective adds gamma L_boundary
-  (:mod:`mpifl.algorithms.boundary`: NT-Xent of contour against background-band embeddings of the
+  (:mod:`mpifl.algorithms.core.boundary`: NT-Xent of contour against background-band embeddings of the
   meta-train and meta-test features), gamma = ``--elcfs-boundary-weight`` (0.1, the code's), temperature
   ``--elcfs-temperature`` (0.05, the code's).
 * **Everything else is FedAvg** (the code's weighted average of the whole model); the global model is
@@ -69,7 +69,7 @@ from ..errors import MpiflError
 from ..plan.config import Option
 from ..plan.seeding import client_rng
 from ..transport.wire import TensorSpec
-from .boundary import boundary_loss
+from .core.boundary import boundary_loss
 from .fedavg import FedAvg
 
 AMPLITUDES = "elcfs.amplitudes"
@@ -222,7 +222,7 @@ class ELCFS(FedAvg):
     def meta_test_loss(self, model, weights: dict[str, torch.Tensor], x_moved: torch.Tensor, y: torch.Tensor,
                        features: torch.Tensor) -> torch.Tensor:
         """L_out on the interpolated images with the adapted weights; on a segmentation task plus gamma
-        L_boundary of the meta-train ``features`` and the meta-test ones (:mod:`mpifl.algorithms.boundary`)."""
+        L_boundary of the meta-train ``features`` and the meta-test ones (:mod:`mpifl.algorithms.core.boundary`)."""
         moved = []
         hook = model.classifier.register_forward_hook(lambda module, inputs, output: moved.append(inputs[0]))
         try:

@@ -9,7 +9,7 @@ averages Digits-Five clients uniformly).  Evaluates the global model.
 import numpy as np
 
 from ..plan.config import Option
-from .base import Algorithm, Uploads
+from .core.base import Algorithm, Uploads
 
 
 class FedAvg(Algorithm):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..plan.config import Option
-from .deltas import SERVER_LR, trainable_keys
+from .core.deltas import SERVER_LR, trainable_keys
 from .fedavg import FedAvg
 
 MOMENTUM = "fedavgm.momentum/"

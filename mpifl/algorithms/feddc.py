@@ -79,8 +79,7 @@ import numpy as np
 import torch
 
 from ..plan.config import Option
-from .reduction import Reduction, mean_weights
-from .deltas import (
+from .core.deltas import (
     ALPHA,
     add_to_grads,
     local_steps,
@@ -89,6 +88,7 @@ from .deltas import (
     trainable_keys,
     trainable_specs,
 )
+from .core.reduction import Reduction, mean_weights
 from .fedavg import FedAvg
 
 DRIFT, LAST = "feddc.drift/", "feddc.last_update/"

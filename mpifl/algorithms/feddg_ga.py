@@ -48,7 +48,7 @@ import torch
 from ..errors import MpiflError
 from ..plan.config import Option
 from ..transport.wire import TensorSpec
-from .base import Algorithm
+from .core.base import Algorithm
 
 SCORES = "feddg_ga.scores"  # uploaded: (score of the downloaded model, score of the trained model)
 WEIGHTS = "feddg_ga.weights"  # server: a_i by client id (0 for a held-out domain)

@@ -64,8 +64,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import MpiflError
-from .reduction import Reduction
-from .deltas import (
+from ..plan.config import Option
+from .core.deltas import (
     ALPHA,
     add_to_grads,
     parameters,
@@ -73,7 +73,7 @@ from .deltas import (
     trainable_specs,
     training_share,
 )
-from ..plan.config import Option
+from .core.reduction import Reduction
 from .fedavg import FedAvg
 
 GRAD, H = "feddyn.grad/", "feddyn.h/"

@@ -44,7 +44,7 @@ samples and the other clients' data, computed from those averages only.
 * **Everything else is FedAvg**: whole model averaged (BN step counters
   excepted) with sample-count weights (``--uniform-weights``); the global
   model is evaluated.
-* With ``--guide-lambda`` (:mod:`mpifl.algorithms.guide`) the guiding term
+* With ``--guide-lambda`` (:mod:`mpifl.algorithms.core.guide`) the guiding term
   lambda_g CE(h_g(g((1 - lambda) x)), y) is added: it reads the features of
   the input the network is run on, with the hard labels.
 
@@ -64,9 +64,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..plan.config import Option
 from ..data import DatasetManifest
 from ..errors import MpiflError
+from ..plan.config import Option
 from ..plan.seeding import client_rng
 from ..transport.wire import TensorSpec
 from .fedavg import FedAvg

@@ -38,8 +38,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .reduction import Reduction, mean_weights
-from .deltas import solver_norm, trainable_keys
+from .core.deltas import solver_norm, trainable_keys
+from .core.reduction import Reduction, mean_weights
 from .fedavg import FedAvg
 
 

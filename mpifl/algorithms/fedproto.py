@@ -49,10 +49,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..plan.config import Option
 from ..errors import MpiflError
+from ..plan.config import Option
 from ..transport.wire import TensorSpec
-from .deltas import local_steps
+from .core.deltas import local_steps
 from .fedavg import FedAvg
 
 PROTOS, COUNTS, PRESENT = "fedproto.protos", "fedproto.counts", "fedproto.present"

@@ -75,7 +75,7 @@ Where the paper is silent or ambiguous (FedStein has no public code):
   them at their initial values (weight 1, bias 0), untrained; with
   ``--holdout`` the clients therefore also upload their BN affine and the
   global model takes their weighted average
-  (:class:`~mpifl.algorithms.held_out.HeldOutAverage`), as gPerXAN's
+  (:class:`~mpifl.algorithms.core.held_out.HeldOutAverage`), as gPerXAN's
   authors test a held-out domain with BN sides averaged over clients.  The
   personal models never load it.
 """
@@ -87,8 +87,8 @@ import numpy as np
 from ..models import james_stein
 from ..models.jsbn import SIGMA2_RULES, _JSNorm
 from ..plan.config import Option
+from .core.held_out import HeldOutAverage
 from .fedavg import FedAvg
-from .held_out import HeldOutAverage
 
 BN_RUNNING_STATS = ("running_mean", "running_var")
 

@@ -36,7 +36,7 @@ global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient),
 and ``l`` the one base loss of both terms: the task's (cross-entropy, as the
 authors' code; the Dice loss, or (CE + Dice) / 2, on a segmentation task).
-It is the plug-in every method takes (:mod:`mpifl.algorithms.guide`), on here
+It is the plug-in every method takes (:mod:`mpifl.algorithms.core.guide`), on here
 by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
 paper searches [0, 1] in steps of 0.25).
 
@@ -49,7 +49,7 @@ clients also upload their BN sides (running statistics and affine, not the
 step counter); the server averages them and sends the average down under
 ``gperxan.global_bn/<key>``, used *only* to assemble the global model that
 evaluates the held-out domain (and the source domains' "global" rows);
-training clients never load it (:class:`~mpifl.algorithms.held_out.HeldOutAverage`).
+training clients never load it (:class:`~mpifl.algorithms.core.held_out.HeldOutAverage`).
 
 **Model selection (``--select-by``).**  The paper picks "the best validation
 model selected based on the average of accuracies on validation sets of
@@ -71,8 +71,8 @@ and ImageNet input normalization (what ``--pretrained`` applies).
 from __future__ import annotations
 
 from ..plan.config import Option
+from .core.held_out import HeldOutAverage
 from .fedavg import FedAvg
-from .held_out import HeldOutAverage
 
 
 class GPerXAN(HeldOutAverage, FedAvg):

@@ -37,7 +37,7 @@ Choices where mpifl's models differ from the paper's:
   raising it by 0.2 every 10 epochs (``DeLightCMU/RSC``); mpifl keeps both
   fixed.
 * The logits reported for training accuracy are those of the masked features.
-* With ``--guide-lambda`` (:mod:`mpifl.algorithms.guide`) the guiding term reads the unmasked features
+* With ``--guide-lambda`` (:mod:`mpifl.algorithms.core.guide`) the guiding term reads the unmasked features
   ``z``, the extractor's output g_i(x) of gPerXAN's eq. 4; the mask is RSC's challenge to the local head only.
 """
 
@@ -48,8 +48,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..plan.config import Option
 from ..errors import MpiflError
+from ..plan.config import Option
 from .fedavg import FedAvg
 
 RSC_DROP = 1 / 3

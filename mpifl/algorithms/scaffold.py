@@ -54,8 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from .reduction import Reduction
-from .deltas import (
+from .core.deltas import (
     SERVER_LR,
     add_to_grads,
     parameters,
@@ -64,6 +63,7 @@ from .deltas import (
     trainable_specs,
     training_share,
 )
+from .core.reduction import Reduction
 from .fedavg import FedAvg
 
 C_GLOBAL, C_LOCAL, DELTA_C = "scaffold.c_global/", "scaffold.c_local/", "scaffold.delta_c/"

@@ -6,7 +6,7 @@ model entry is private, each client starts from the same seeded initial model
 as the federated methods.  Evaluates each client's own (personal) model.
 """
 
-from .base import Algorithm
+from .core.base import Algorithm
 
 
 class SingleSet(Algorithm):

@@ -1,6 +1,6 @@
 """Client and server models rebuilt from a run's checkpoint, for the analyses.
 
-A checkpoint (:mod:`mpifl.job.checkpoint`, written with ``--ckpt-every N`` or when
+A checkpoint (:mod:`mpifl.rundir.checkpoint`, written with ``--ckpt-every N`` or when
 a signal stops a run) holds, after round R's aggregation:
 
 * ``server.pt``: the server state, i.e. the model entries the method shares
@@ -45,20 +45,21 @@ import torch
 from torch import nn
 
 from mpifl.algorithms import ClientState, all_options, get_algorithm
-from mpifl.job.checkpoint import load as load_meta
-from mpifl.job.checkpoint import UnusableCheckpoint, load_adopted, load_clients, load_server, verify
-from mpifl.plan.config import RunConfig, resolve
+from mpifl.client.private_store import PrivateStore
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
-from mpifl.client.private_store import PrivateStore
-from mpifl.plan.session import Session, make_session, read_labels
+from mpifl.plan.config import RunConfig, resolve
+from mpifl.rundir.checkpoint import UnusableCheckpoint, load_adopted, load_clients, load_server, verify
+from mpifl.rundir.checkpoint import load as load_meta
+from mpifl.rundir.names import CONFIG
+from mpifl.session.session import Session, make_session, read_labels
 
 MODEL_SOURCES = ("local", "checkpoint")
 
 
 def run_config(run_dir: Path, data_root: str | None = None) -> RunConfig:
     """The run's configuration from its ``config.json`` (``data_root`` overrides the recorded one)."""
-    path = Path(run_dir) / "config.json"
+    path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise MpiflError(f"{run_dir} has no config.json; pass the run directory of a run with a checkpoint")
     flat = json.loads(path.read_text())
@@ -160,12 +161,13 @@ class Checkpointed:
         """Every client's data (normalized as the run normalizes it), loaded once."""
         if not self._data:
             from mpifl.client.client_data import load_client_data
-            from mpifl.client.transforms import TrainTransforms, parse
+            from mpifl.client.transforms import TrainTransforms
+            from mpifl.plan.config import parse_transforms
 
             cfg, session = self.cfg, self.session
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
                                           stream_above_gib=cfg.stream_above,
-                                          transforms=TrainTransforms(parse(cfg.train_transforms)),
+                                          transforms=TrainTransforms(parse_transforms(cfg.train_transforms)),
                                           input_norm=cfg.input_norm)
             session.inputs.attach(session.clients, self._data, self.device)
             for exchange in session.exchanges:  # as the run's one-time exchanges, every client here
@@ -195,7 +197,7 @@ def _summarize(keys: list[str]) -> str:
 
 def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device: str = "cpu") -> Checkpointed:
     """The run in ``run_dir`` at its checkpoint (``checkpoint/meta.json``), its files verified first; tensors
-    loaded with ``torch.load(weights_only=True)`` (:mod:`mpifl.job.checkpoint`)."""
+    loaded with ``torch.load(weights_only=True)`` (:mod:`mpifl.rundir.checkpoint`)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, data_root)
     manifest = ensure_dataset(cfg.data_root, cfg.data)

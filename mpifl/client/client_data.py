@@ -9,8 +9,8 @@ own size, so it never depends on the number of ranks.
 
 Either way a mini-batch becomes the model's input by one fused
 scale-and-shift, ``x = (p / 255 - mean) / std = p * (1 / (255 std)) - mean /
-std``, with the (mean, std) its :class:`~mpifl.client.normalize.Normalizer` gives: the
-dataset's as ``--input-norm`` says (:func:`~mpifl.client.normalize.input_stats`), drawn per
+std``, with the (mean, std) its :class:`~mpifl.plan.normalize.Normalizer` gives: the
+dataset's as ``--input-norm`` says (:func:`~mpifl.plan.normalize.input_stats`), drawn per
 batch or per image under FedRDN (``--aug``);
 training batches first pass ``--train-transforms`` (:mod:`mpifl.client.transforms`), which move a
 segmentation task's masks with their images.
@@ -30,9 +30,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .normalize import Normalizer, fixed, input_stats
-from ..plan.clients import SPLITS, ClientSpec
 from ..data import DatasetManifest, open_shard
+from ..plan.clients import SPLITS, ClientSpec
+from ..plan.normalize import Normalizer, fixed, input_stats
 from .transforms import TrainTransforms
 
 Segments = list[tuple[str, np.ndarray]]  # (shard split, ascending rows) making up one of the client's splits
@@ -200,7 +200,7 @@ def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[
                      block: int = 2048, transforms: TrainTransforms | None = None,
                      input_norm: str = "pooled") -> dict[int, ClientData]:
     """Each hosted client's labels, and its images resident or streamed (normalized as ``--input-norm``
-    says, :func:`~mpifl.client.normalize.input_stats`)."""
+    says, :func:`~mpifl.plan.normalize.input_stats`)."""
     image_bytes = int(np.prod(manifest.image_size)) * manifest.channels
     out: dict[int, ClientData] = {}
     for domain in sorted({c.domain for c in clients}, key=manifest.domains.index):

@@ -8,7 +8,7 @@ and send the records and small uploads in one gather; the transport's time, byte
 rank 0, is reported apart from training (``rank.seconds``).  Between clients only tensors are swapped in and
 out of one model instance: the download, then the client's private state
 (:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
-``--private-memory``).  What a message asks of this rank is the round protocol's (:mod:`mpifl.plan.protocol`).
+``--private-memory``).  What a message asks of this rank is the round protocol's (:mod:`mpifl.session.protocol`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import torch
 
 from ..algorithms import ClientState
 from ..errors import MpiflError
-from ..job.checkpoint import Checkpoint, FileRecord, load_adopted, load_clients, save_clients
-from ..job.faults import maybe_inject
-from ..job.signals import StopRequest
-from ..plan.protocol import RoundProtocol
+from ..plan.config import parse_transforms
 from ..plan.seeding import personalization_seeds
-from ..plan.session import Session
+from ..process.faults import maybe_inject
+from ..process.signals import StopRequest
+from ..rundir.checkpoint import Checkpoint, FileRecord, load_adopted, load_clients, save_clients
+from ..session.protocol import RoundProtocol
+from ..session.session import Session
 from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
@@ -35,7 +36,7 @@ from .client_data import load_client_data
 from .precision import Precision
 from .private_store import PrivateStore
 from .training import client_round, evaluate, load_state, train_local
-from .transforms import TrainTransforms, parse
+from .transforms import TrainTransforms
 
 NOTHING_SAVED = FileRecord(0, "00" * 32)  # the report of a message that saves nothing
 SEND_WINDOW_BYTES = 256 << 20  # trained clients' uploads (at least one) a rank keeps until rank 0 has them
@@ -58,7 +59,7 @@ class ClientHost:
         specs = [session.clients[c] for c in self.hosted]
         self.data = load_client_data(session.cfg.data_root, session.manifest, specs, device,
                                      stream_above_gib=session.cfg.stream_above,
-                                     transforms=TrainTransforms(parse(session.cfg.train_transforms)),
+                                     transforms=TrainTransforms(parse_transforms(session.cfg.train_transforms)),
                                      input_norm=session.cfg.input_norm)
         cfg = session.cfg
         self.precision = Precision(cfg.precision, device, cfg.channels_last)

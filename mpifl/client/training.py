@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
+from ..errors import MpiflError
 from ..models import StateEntry
 from ..plan.config import RunConfig
 from ..plan.optim import keep_state, restore_state
 from ..plan.seeding import client_rng, client_torch_seed
 from ..plan.task import CLASSIFICATION, Task
 from .client_data import ClientData
-from ..errors import MpiflError
 from .precision import FP32, Precision
 
 
@@ -110,7 +110,7 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
                  data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
                  precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
-    (:meth:`~mpifl.algorithms.base.Algorithm.score_local` before and after training) and local training,
+    (:meth:`~mpifl.algorithms.core.base.Algorithm.score_local` before and after training) and local training,
     seeded by (seed, client, round); then the client keeps its private entries and the round's upload is
     returned (the method's model entries and extra tensors; views of ``slots``).  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the

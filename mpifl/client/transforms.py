@@ -44,17 +44,12 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-TRANSFORMS = ("flip", "rotate", "crop", "jitter", "jitter-hue")
+from ..plan.config import TRANSFORMS
+
 JITTER = 0.4
 ROTATE_DEGREES = 30.0
 JITTER_HUE = (0.5, 0.2, 0.2)  # jitter-hue: probability, brightness/contrast/saturation strength, hue shift
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as torchvision's rgb_to_grayscale
-
-
-def parse(text: str) -> tuple[str, ...]:
-    """``"flip,crop"`` -> ("flip", "crop"); "" or "none" -> ()."""
-    names = tuple(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none")
-    return names
 
 
 Warp = Callable[[torch.Tensor], torch.Tensor]  # drawn parameters applied to a float (N, C, H, W) tensor

@@ -7,7 +7,6 @@ What a parsed command then does on every rank is :mod:`mpifl.job.start`'s.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -17,15 +16,13 @@ from click.core import ParameterSource
 
 from .. import __version__
 from ..algorithms import ALGORITHMS, all_options, get_algorithm
-from ..client.normalize import resolve_input_norm
-from ..data import KNOWN_DATASETS, default_data_root, default_model, ensure_dataset
+from ..data import KNOWN_DATASETS, default_data_root, default_model
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
-from ..plan.config import CORE_KEYS, Option, RunConfig, check, coerce, read_config_file, resolve
-from ..plan.optim import KEPT
-from ..plan.session import make_session, read_labels
+from ..plan.config import CORE_KEYS, RESUMABLE, Option, RunConfig, check, coerce, read_config_file, resolve
+from ..plan.normalize import resolve_input_norm
 from ..presets import apply_preset, describe_presets
-from ..transport.manifest import format_manifest
+from ..rundir.names import CONFIG
 
 _HELP = {
     "algo": "federated method: " + "; ".join(f"{n} = {c.summary.split(': ', 1)[-1]}" for n, c in ALGORITHMS.items()),
@@ -128,11 +125,6 @@ _HELP = {
                      "longest round; 0 = wait forever",
 }
 
-# Options a resumed run may change: how it runs, not what it computes.
-RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
-             "ckpt_every", "round_timeout", "gpu_buffers", "deterministic")
-
-
 def _core_options() -> list[click.Option]:
     defaults = RunConfig()
     options = []
@@ -218,9 +210,9 @@ def _resumed_config(run_dir: str, config_file: str | None, cli_values: dict) -> 
 
     Options given again (on the command line or in ``--config``) with the values the run has are accepted, so
     the command that started a run, plus ``--resume``, continues it; a real change is refused, named."""
-    path = Path(run_dir) / "config.json"
+    path = Path(run_dir) / CONFIG
     if not path.is_file():
-        raise MpiflError(f"--resume {run_dir}: no config.json there; pass the run directory of an earlier run")
+        raise MpiflError(f"--resume {run_dir}: no {CONFIG} there; pass the run directory of an earlier run")
     stored = read_config_file(path)
     given = {**(read_config_file(config_file) if config_file else {}), **cli_values}
     unknown = sorted(k for k in given if k not in CORE_KEYS and k not in all_options())
@@ -255,30 +247,14 @@ def _flag(key: str) -> str:
     return Option(key, object, None, "").flag
 
 
-def manifest_text(cfg: RunConfig) -> str:
-    """``--show-manifest``: the clients, and every tensor that crosses the wire, one-time exchanges included;
-    under ``--holdout all`` each fold's in turn."""
-    manifest = ensure_dataset(cfg.data_root, cfg.data)
-    if cfg.holdout == "all":
-        return "\n".join(f"fold holdout-{domain} (--holdout {domain}):\n"
-                         + manifest_text(dataclasses.replace(cfg, holdout=domain)) for domain in manifest.domains)
-    session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
-    domains = session.manifest.domains
-    setup = [spec for spec in (e.setup_exchange() for e in session.exchanges) if spec is not None]
-    kept = (f"\n  {KEPT}<parameter>/<name>: with --keep-optimizer, the local {cfg.optimizer} optimizer's state of "
-            "every parameter it has stepped (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, step)"
-            if cfg.keep_optimizer else "")
-    return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
-            + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
-                              len(session.training_ids)) + kept)
-
-
 def command() -> click.Command:
     params = _core_options() + _algo_options() + [
         click.Option(["--config", "config_file"], type=str, default=None,
                      help="JSON or YAML file of options (keys as above, - or _); command-line flags override it"),
         click.Option(["--resume", "resume"], type=str, default=None,
-                     help="continue RUN_DIR from its checkpoint, in that directory, up to --rounds"),
+                     help="continue RUN_DIR from its checkpoint, in that directory, up to --rounds, with its own "
+                          "config.json: only " + ", ".join(map(_flag, RESUMABLE)) + " may change (options "
+                          "given again with the run's values are accepted; a real change is refused, named)"),
         click.Option(["--show-manifest"], is_flag=True, default=False,
                      help="print every tensor sent each way with shape, dtype and bytes per round, then exit"),
         click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,

@@ -14,7 +14,7 @@ one client host are two threads of this process (:mod:`mpifl.transport.inprocess
    (``Comm.abort``: ``MPI_Abort``, or every thread of an in-process run) from the failing rank, after
    that rank printed its one line (the traceback of a bug goes to ``<run>/traceback-rank<k>.txt``);
 4. a stop signal (SIGTERM, SIGUSR1, SIGINT) on any rank ends the run at the next round with a checkpoint
-   and exit code 75 (:mod:`mpifl.job.signals`).
+   and exit code 75 (:mod:`mpifl.process.signals`).
 """
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ from ..data import ensure_dataset
 from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
-from ..plan.session import Session, make_session, read_labels
+from ..process.signals import EXIT_STOPPED, StopRequest
+from ..process.world import launched_world
+from ..rundir.checkpoint import Checkpoint
+from ..rundir.checkpoint import load as load_checkpoint
+from ..rundir.checkpoint import verify as verify_checkpoint
+from ..rundir.directory import archive_attempt, check_new, claim, default_run_dir, open_new, write_config
+from ..rundir.names import LOG, SUMMARY_MD, holdout_fold, traceback_file
 from ..server.run_log import fold_summary
 from ..server.serve import serve
+from ..session.session import Session, make_session, read_labels
 from ..transport.comm import Comm
 from ..transport.inprocess import run_threads
-from .checkpoint import Checkpoint
-from .checkpoint import load as load_checkpoint
-from .checkpoint import verify as verify_checkpoint
-from .run_dir import (archive_attempt, check_new, claim, default_run_dir, open_new, traceback_file,
-                      write_config)
-from .signals import EXIT_STOPPED, StopRequest
-from .world import launched_world
 
 T = TypeVar("T")
 IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host
@@ -67,7 +67,7 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
         for warning in warnings:
             _err(f"mpifl: warning: {warning}")
         if show_manifest:
-            from .cli import manifest_text
+            from .show_manifest import manifest_text
             try:
                 print(manifest_text(cfg))
             except MpiflError as exc:  # the data or the model, found when the session is built
@@ -126,15 +126,15 @@ def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest) -> None:
     manifest = collectively(comm, lambda: None, check)
     domains = comm.bcast_object(manifest.domains if comm.rank == 0 else None)
     for domain in domains:
-        _run(dataclasses.replace(cfg, holdout=domain, out=str(base / f"holdout-{domain}")), comm, stop)
+        _run(dataclasses.replace(cfg, holdout=domain, out=str(holdout_fold(base, domain))), comm, stop)
     if comm.rank == 0:
-        table = fold_summary({d: base / f"holdout-{d}" for d in domains})
-        (base / "summary.md").write_text(table)
+        table = fold_summary({d: holdout_fold(base, d) for d in domains})
+        (base / SUMMARY_MD).write_text(table)
         print(table)
 
 
 def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) -> None:
-    """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.job.run_dir`): it checks it while the
+    """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks it while the
     ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
     owner: DirectoryLock | None = None  # rank 0's claim on the run directory
     traceback_dir: Path | None = None  # where a bug's traceback goes: the run directory once it is this run's
@@ -186,7 +186,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
                 archived = archive_attempt(run_dir)
                 if archived:
                     print(archived)
-                    with (run_dir / "log.txt").open("a") as log:
+                    with (run_dir / LOG).open("a") as log:
                         log.write(archived + "\n")
                 opened = run_dir
             else:

@@ -16,14 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..client.normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 from ..errors import MpiflError
-from ..client.transforms import TRANSFORMS, parse
 from ..models.norm import NORM_KINDS
+from .normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 
 OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
 SEG_LOSSES = ("dice", "dice-ce")  # --seg-loss (mpifl.plan.task)
 LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
+#: --train-transforms, in the order they apply (mpifl.client.transforms; FedBN: flip, then rotate)
+TRANSFORMS = ("flip", "rotate", "crop", "jitter", "jitter-hue")
+
+
+def parse_transforms(text: str) -> tuple[str, ...]:
+    """``--train-transforms``: ``"flip,crop"`` -> ("flip", "crop"); "" or "none" -> ()."""
+    return tuple(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none")
 
 
 #: ``--select-by``: the rule choosing a run's best round (mpifl.server.run_log.summary_rows); auto = the method's
@@ -114,6 +120,19 @@ class RunConfig:
         flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "algo_options"}
         flat.update(self.algo_options)
         return flat
+
+
+#: What a resumed run (``--resume RUN_DIR``) may change: how and where it runs, not what it computes.  Every other
+#: option, method options included, is the run's identity (:func:`identity_options`): the command line refuses a
+#: change to it, the checkpoint records it, and ``--resume``'s help lists these.
+RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
+             "ckpt_every", "round_timeout", "gpu_buffers", "deterministic")
+
+
+def identity_options(cfg: RunConfig) -> dict:
+    """The options that make a run what it is: all but :data:`RESUMABLE` and ``out`` (where the run directory is;
+    a run moved elsewhere resumes there)."""
+    return {k: v for k, v in cfg.to_flat().items() if k not in RESUMABLE and k != "out"}
 
 
 _CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
@@ -220,7 +239,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
         (cfg.input_norm in INPUT_NORMS, f"--input-norm must be one of {', '.join(INPUT_NORMS)}"),
         (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
-        (all(t in TRANSFORMS for t in parse(cfg.train_transforms)),
+        (all(t in TRANSFORMS for t in parse_transforms(cfg.train_transforms)),
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
         (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
         (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),

@@ -6,7 +6,7 @@ report.
 * **segmentation**: a class per pixel (labels are masks, :mod:`mpifl.data.shard`); loss the Dice loss
   (``--seg-loss dice``, FedRDN's paper) or ``(CE + Dice) / 2`` (``dice-ce``, the HarmoFL and FedFA prostate
   code), score ``dice``, the mean over images of each image's Dice coefficient
-  (:mod:`mpifl.client.segmentation`).
+  (:mod:`mpifl.plan.segmentation`).
 
 A score travels as a sum over images with the image count (``correct`` and ``seen`` of a client's report,
 :mod:`mpifl.transport.messages`), so splits and domains pool it as they pool correct classifications.
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..client.segmentation import dice_ce_loss, dice_loss, dice_scores
+from .segmentation import dice_ce_loss, dice_loss, dice_scores
 
 
 def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
+from mpifl.rundir.names import CONFIG, METRICS
 from mpifl.server.run_log import metric_of, selection_of, summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
@@ -119,7 +120,7 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     path = Path(path)
-    metrics, config = path / "metrics.jsonl", path / "config.json"
+    metrics, config = path / METRICS, path / CONFIG
     if not metrics.is_file() or not config.is_file():
         raise MpiflError(f"{path} is no run directory (it needs config.json and metrics.jsonl); pass the --out "
                          "directory of a run")
@@ -140,8 +141,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
         path = Path(given)
         if not path.exists():
             raise MpiflError(f"{path} does not exist; pass run directories (the --out of mpifl.run)")
-        found = [path] if (path / "metrics.jsonl").is_file() else \
-            sorted(p.parent for p in path.rglob("metrics.jsonl") if (p.parent / "config.json").is_file())
+        found = [path] if (path / METRICS).is_file() else \
+            sorted(p.parent for p in path.rglob(METRICS) if (p.parent / CONFIG).is_file())
         if not found:
             raise MpiflError(f"no run under {path} (no config.json + metrics.jsonl in it or below)")
         for run_dir in found:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MpiflError
+from ..rundir.names import METRICS, SUMMARY_CSV, SUMMARY_MD, TMP
 from ..transport.messages import EVAL_SPLITS
 
 
@@ -111,7 +112,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
                  selection: str = "val-mean", metric: str = "acc"):
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS
         self.run_dir = run_dir
         # the run's own directory, held open so that its inode is not reused by one made later at its path
         self._directory = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -139,7 +140,7 @@ class MetricsLog:
         if self.path.exists():
             records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
         self.records = [r for r in records if r["round"] <= last]
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp = self.path.with_name(self.path.name + TMP)
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         tmp.replace(self.path)
         if pending:
@@ -182,11 +183,11 @@ class MetricsLog:
     def write_summary(self) -> list[dict]:
         self._check_directory()
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
-        with (self.run_dir / "summary.csv").open("w", newline="") as f:
+        with (self.run_dir / SUMMARY_CSV).open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        (self.run_dir / "summary.md").write_text(summary_markdown(rows))
+        (self.run_dir / SUMMARY_MD).write_text(summary_markdown(rows))
         return rows
 
 
@@ -257,7 +258,7 @@ def fold_summary(fold_dirs: dict[str, Path]) -> str:
     """
     best, last = {}, {}
     for domain, run_dir in fold_dirs.items():
-        with (run_dir / "summary.csv").open() as f:
+        with (run_dir / SUMMARY_CSV).open() as f:
             row = next(r for r in csv.DictReader(f) if r["model"] == "global" and r["domain"].endswith("(held out)"))
         metric = "dice" if "best_test_dice" in row else "acc"
         best[domain], last[domain] = float(row[f"best_test_{metric}"]), float(row[f"last_test_{metric}"])

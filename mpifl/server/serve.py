@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from ..job.checkpoint import Checkpoint
-from ..job.signals import StopRequest
 from ..plan.config import RunConfig
-from ..plan.protocol import RoundProtocol
-from ..plan.session import Session
+from ..process.signals import StopRequest
+from ..rundir.checkpoint import Checkpoint
+from ..rundir.names import LOG, SUMMARY_MD
+from ..session.protocol import RoundProtocol
+from ..session.session import Session
 from ..transport.comm import Comm
 from .progress import Progress
 from .run_log import MetricsLog
@@ -37,7 +38,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())
-    with (run_dir / "log.txt").open("a") as log_file:
+    with (run_dir / LOG).open("a") as log_file:
         for line in log_lines:
             (_err if line.startswith("mpifl: warning") else print)(line)
             log_file.write(line + "\n")
@@ -64,7 +65,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
             log_file.write(line + "\n")
             return server.stopped_by
         metrics.write_summary()
-        summary = (run_dir / "summary.md").read_text()
+        summary = (run_dir / SUMMARY_MD).read_text()
         print(summary)
         log_file.write(summary)
     return None

@@ -2,14 +2,14 @@
 
 Round r (README, "How a run works"): sample the clients, broadcast the header and the download, fold the
 clients' uploads into the algorithm's sums as they arrive, while the clients train
-(:mod:`mpifl.algorithms.reduction`), gather the clients' records and small uploads, aggregate.  A method
+(:mod:`mpifl.algorithms.core.reduction`), gather the clients' records and small uploads, aggregate.  A method
 whose sums' coefficients need what training returned (:attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)
 folds after the gather instead.  Evaluation rides on the next message: the download of round r+1 is the global
 model after round r, so its header asks the clients to evaluate it first, and their scores come back in the
 same gather as the round's records.  A final message after the last round only evaluates, then every rank
-stops.  Which message carries what is the round protocol's (:mod:`mpifl.plan.protocol`).
+stops.  Which message carries what is the round protocol's (:mod:`mpifl.session.protocol`).
 
-Checkpoints (:mod:`mpifl.job.checkpoint`) ride on messages too: the message of round r+1 carries the
+Checkpoints (:mod:`mpifl.rundir.checkpoint`) ride on messages too: the message of round r+1 carries the
 SAVE flag when round r is to be checkpointed (``--ckpt-every``, the last round, or a stop signal), and a
 STOP message replaces round r+1 when a stop signal arrived during round r, here or on a client rank (which
 reports it in its upload).
@@ -25,18 +25,18 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms import Folding, Reduction, Uploads
-from ..job.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
-from ..job.faults import maybe_inject
-from ..job.signals import StopRequest
-from ..plan.protocol import RoundPlan, RoundProtocol
-from ..plan.session import Session
+from ..process.faults import maybe_inject
+from ..process.signals import StopRequest
+from ..rundir.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
+from ..session.protocol import RoundPlan, RoundProtocol
+from ..session.session import Session
 from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
-from .run_log import local_val_acc
 from ..transport.messages import (CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, peak_rss, records,
                                   saved_file)
 from .run_log import MetricsLog, summarize_eval
+from .run_log import local_val_acc
 
 
 # each client rank's seconds of a round in metrics.jsonl (rank_seconds), by the fields of its report

@@ -2,7 +2,7 @@
 
 Anything that shares something derived from the data once contributes to the same list of exchanges
 (``Session.exchanges``): the input normalization (FedRDN's channel statistics,
-:class:`~mpifl.client.normalize.InputNormalization`) and the algorithm (FedMix's mean images, see
+:class:`~mpifl.plan.normalize.InputNormalization`) and the algorithm (FedMix's mean images, see
 ``Algorithm.setup_exchange``).  Each is one Gatherv to rank 0, which orders the rows by client id (so what a
 client draws from them does not depend on the placement), and one Bcast.
 """

@@ -11,7 +11,7 @@ failing client host wakes the server from its collective (or, should the server 
 after ``WATCHDOG_SECONDS``).
 Threads share what processes do not: torch's global generator and its thread count.  Set-up steps that
 seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the server draws no
-random numbers, and what it does while the host trains (folding the uploads, :mod:`mpifl.algorithms.reduction`)
+random numbers, and what it does while the host trains (folding the uploads, :mod:`mpifl.algorithms.core.reduction`)
 is numpy's, not torch's; the host waits in the next broadcast while the server aggregates.
 """
 

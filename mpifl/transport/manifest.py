@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..algorithms import SharePolicy
+from .share import SharePolicy
 from .wire import TensorSpec
 
 

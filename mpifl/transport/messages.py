@@ -19,7 +19,7 @@ Up, first one ``Gatherv``: each client rank sends, in this order,
 And one point-to-point message per client of the round: its other uploads
 (``summed``), posted as soon as the client is trained, which rank 0 receives
 in client-id order over all ranks, a few at a time, and folds into the
-algorithm's sums (:mod:`mpifl.algorithms.reduction`) while the clients train
+algorithm's sums (:mod:`mpifl.algorithms.core.reduction`) while the clients train
 (after the gather for a method whose sums need the clients' results), so that
 neither side holds the round's uploads at once.
 Both sides derive every size from the placement and the round's sample, so
@@ -39,7 +39,7 @@ import torch
 from .wire import Buffer, TensorSpec, WireLayout
 
 if TYPE_CHECKING:
-    from ..algorithms import SharePolicy
+    from .share import SharePolicy
 
 TRAIN, FINAL, STOP = 1, 2, 3  # header commands: train a round / evaluate and stop / stop (a signal)
 SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of the round before

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..job.abort import abort_world
+from ..process.abort import abort_world
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .topology import NodeLayout, affinity

@@ -9,10 +9,10 @@ from torch import nn
 from mpifl.algorithms import ClientState
 from mpifl.algorithms.ccst import augmentation_plan, to_pixels
 from mpifl.client.client_data import ClientData, ResidentImages
-from mpifl.client.normalize import fixed
 from mpifl.errors import MpiflError
 from mpifl.models.adain import StyleModel, load_style_model
 from mpifl.plan.clients import ClientSpec
+from mpifl.plan.normalize import fixed
 from mpifl.plan.seeding import setup_rng
 
 from ..conftest import run_here

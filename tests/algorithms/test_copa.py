@@ -16,7 +16,7 @@ from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 
 from ..conftest import read_metrics, run_here
-from ..job.test_checkpoint import numbers
+from ..rundir.test_checkpoint import numbers
 from .helpers import aggregate, client_meta, make_algo
 
 HEAD = ("classifier.weight", "classifier.bias")

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from mpifl.algorithms import Uploads
-from mpifl.algorithms.deltas import local_steps
+from mpifl.algorithms.core.deltas import local_steps
 from mpifl.algorithms.feddc import (CONTROL, CONTROL_DELTA, DRIFT, GLOBAL_CONTROL, GLOBAL_UPDATE, LAST, MEAN_DRIFT,
                                     THETA_PLUS_DRIFT, UPDATE)
 from mpifl.errors import MpiflError
-from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
+from mpifl.plan.clients import ClientSpec
 
 from ..conftest import read_metrics
 from .helpers import aggregate, client_meta, local_round, make_algo, run_two_rounds

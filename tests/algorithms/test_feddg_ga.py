@@ -8,8 +8,9 @@ from mpifl.algorithms import Uploads
 from mpifl.algorithms.feddg_ga import SCORED_IN, SCORES, WEIGHTS, adjust_weights
 from mpifl.client.training import client_round, evaluate, load_state
 from mpifl.errors import MpiflError
-from mpifl.job.checkpoint import SERVER_FILE, round_dir
 from mpifl.plan.clients import ClientSpec
+from mpifl.rundir.checkpoint import round_dir
+from mpifl.rundir.names import SERVER_FILE
 
 from ..conftest import read_metrics, run_here, untimed
 from .helpers import aggregate, client_meta, make_algo

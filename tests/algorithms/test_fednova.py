@@ -4,13 +4,13 @@ import numpy as np
 import torch
 
 from mpifl.algorithms import Uploads
-from mpifl.algorithms.deltas import local_steps, solver_norm
+from mpifl.algorithms.core.deltas import local_steps, solver_norm
 from mpifl.client.client_data import load_client_data
-from mpifl.plan.config import RunConfig
-from mpifl.data import ensure_dataset
-from mpifl.plan.seeding import client_rng
-from mpifl.plan.session import make_session, read_labels
 from mpifl.client.training import train_local
+from mpifl.data import ensure_dataset
+from mpifl.plan.config import RunConfig
+from mpifl.plan.seeding import client_rng
+from mpifl.session.session import make_session, read_labels
 
 from ..conftest import read_metrics, run_here
 from .helpers import aggregate, client_meta, make_algo

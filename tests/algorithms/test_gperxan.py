@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from mpifl.algorithms import Uploads, get_algorithm
-from mpifl.client.segmentation import dice_loss
 from mpifl.errors import MpiflError
 from mpifl.models import PerXAN, state_entries
 from mpifl.models.unet import UNet
 from mpifl.plan.config import RunConfig
+from mpifl.plan.segmentation import dice_loss
 from mpifl.plan.task import SEGMENTATION
 
 from .helpers import aggregate, client_meta, make_algo

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from mpifl.algorithms import ALGORITHMS, get_algorithm
-from mpifl.algorithms.base import Algorithm
+from mpifl.algorithms.core.base import Algorithm
 from mpifl.errors import MpiflError
 
 from ..conftest import REPO
@@ -28,7 +28,7 @@ def test_readme_table_has_one_row_per_registered_algorithm_and_no_stale_row():
 
 
 def test_a_subclass_with_a_name_registers_itself_and_a_second_of_that_name_is_refused():
-    from mpifl.algorithms.base import REGISTRY
+    from mpifl.algorithms.core.base import REGISTRY
 
     class Probe(Algorithm):
         name = "probe-registration"

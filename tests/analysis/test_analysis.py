@@ -7,18 +7,18 @@ from click.testing import CliRunner
 from mpifl.algorithms import get_algorithm
 from mpifl.analysis import bn_divergence, feature_similarity, load_checkpointed, pick_clients
 from mpifl.analysis.__main__ import main
-from mpifl.job.checkpoint import Checkpoint, commit, identity, save_clients, save_server
-from mpifl.plan.config import resolve
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
 from mpifl.models import build_model
-from mpifl.plan.session import make_session
+from mpifl.plan.config import resolve
+from mpifl.rundir.checkpoint import Checkpoint, commit, identity, save_clients, save_server
+from mpifl.session.session import make_session
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def make_checkpoint(run_dir, data_root, algo="fedbn", shift=0.1, **options):
-    """A run directory with a round-1 checkpoint written by mpifl.job.checkpoint, without training: every client
+    """A run directory with a round-1 checkpoint written by mpifl.rundir.checkpoint, without training: every client
     starts from the seeded initial model and client k's private BN running means are shifted by k * shift."""
     run_dir.mkdir(parents=True)
     declared = {o.name: o for o in get_algorithm(algo).options}

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import mpifl.client.client_data as client_data
-from mpifl.plan.clients import make_clients
-from mpifl.client.normalize import check_input_norm, fixed
 from mpifl.client.transforms import TrainTransforms
 from mpifl.data import ensure_dataset
 from mpifl.data.manifest import build_manifest
 from mpifl.errors import MpiflError
+from mpifl.plan.clients import make_clients
+from mpifl.plan.normalize import check_input_norm, fixed
 
 
 def test_a_rank_opens_only_the_shards_of_the_domains_it_hosts(data_root, monkeypatch):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl.client.transforms import TRANSFORMS, TrainTransforms, crop, flip, jitter, jitter_hue, parse, rotate
+from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, rotate
+from mpifl.plan.config import TRANSFORMS, parse_transforms
 
 
 def _batch(n=6, c=3, size=16):
@@ -45,9 +46,9 @@ def test_jitter_stays_in_range_and_changes_each_image_differently():
 
 def test_same_seed_same_batch_and_none_is_identity():
     x = _batch()
-    both = TrainTransforms(parse("flip,crop,jitter"))
+    both = TrainTransforms(parse_transforms("flip,crop,jitter"))
     assert torch.equal(both(x, np.random.default_rng(9)), both(x, np.random.default_rng(9)))
-    assert not TrainTransforms(parse("none"))
+    assert not TrainTransforms(parse_transforms("none"))
     with pytest.raises(ValueError, match="unknown transform shear"):
         TrainTransforms(("shear",))
 

@@ -1,7 +1,7 @@
-"""Injected faults (MPIFL_FAULT, see mpifl.job.faults): every one ends the whole job promptly, said once.
+"""Injected faults (MPIFL_FAULT, see mpifl.process.faults): every one ends the whole job promptly, said once.
 
 Together with the fault tests of test_errors.py (raise, exit, NaN) and
-test_checkpoint.py (stop, crash after a checkpoint) these are the runs the
+tests/rundir/test_checkpoint.py (stop, crash after a checkpoint) these are the runs the
 resilience issue counts; none may hang (each has a hard subprocess timeout).
 """
 

@@ -4,8 +4,8 @@ is checkpointed from there and resumed, computes what a run holding it all in me
 import pytest
 
 from ..conftest import run_here
-from .test_checkpoint import numbers
-from .test_run_dir import one_error, snapshot
+from ..rundir.test_checkpoint import numbers
+from ..rundir.test_directory import one_error, snapshot
 
 METHODS = {  # what each keeps: model-sized control variates; a whole personal model (evaluated for clients
     # that never trained); BN statistics adopted from round 2 on; BN layers plus kept momentum

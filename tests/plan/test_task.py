@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpifl.client.segmentation import dice_loss, dice_scores
+from mpifl.plan.segmentation import dice_loss, dice_scores
 from mpifl.plan.task import CLASSIFICATION, SEGMENTATION, task_of
 
 

@@ -2,9 +2,9 @@
 
 A row is started as a user types it: ``--preset NAME`` and the row's ``run`` values as flags, parsed by the
 command line (:func:`mpifl.job.cli.build_config`), then checked as every rank checks it before round 1: the
-dataset's manifest, the labels a Dirichlet split reads (:func:`mpifl.plan.session.read_labels`),
-:func:`mpifl.plan.session.make_session` (the clients, the input normalization, the task, the model, the method)
-and each one-time exchange's set-up: what ``--show-manifest`` runs (:func:`mpifl.job.cli.manifest_text`), less
+dataset's manifest, the labels a Dirichlet split reads (:func:`mpifl.session.session.read_labels`),
+:func:`mpifl.session.session.make_session` (the clients, the input normalization, the task, the model, the method)
+and each one-time exchange's set-up: what ``--show-manifest`` runs (:func:`mpifl.job.show_manifest.manifest_text`), less
 its table.  ``--holdout all`` is checked fold by fold, as :func:`mpifl.job.start._run_all_folds` starts them: a
 fold that cannot start would otherwise be found only after the earlier folds trained.
 
@@ -33,10 +33,10 @@ from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.shard import ShardWriter
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
-from mpifl.plan import session
 from mpifl.plan.config import Option
 from mpifl.presets import all_presets
 from mpifl.run import main
+from mpifl.session import session
 
 #: each converter's layout: domain ids, classes, default image size, channels, task
 LAYOUTS = {

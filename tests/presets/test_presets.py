@@ -4,15 +4,15 @@ import pytest
 from click.testing import CliRunner
 
 from mpifl.algorithms import ALGORITHMS, all_options, get_algorithm
-from mpifl.plan.config import CORE_KEYS, check, resolve
 from mpifl.data import KNOWN_DATASETS
 from mpifl.data import camelyon, cifar, digits, fairface, isic, prostate
 from mpifl.data.__main__ import PREPARERS
 from mpifl.data.benchmarks import BENCHMARKS
 from mpifl.errors import MpiflError
-from mpifl.models import MODEL_NAMES
-from mpifl.presets import all_presets, apply_preset, load_preset, preset_names
 from mpifl.job.cli import build_config
+from mpifl.models import MODEL_NAMES
+from mpifl.plan.config import CORE_KEYS, check, resolve
+from mpifl.presets import all_presets, apply_preset, load_preset, preset_names
 from mpifl.run import main
 
 #: each converter's domain ids (the shard names a preset's paper numbers must use)
@@ -170,7 +170,7 @@ def test_prostate_base_rows_feed_unscaled_intensities_as_fedfas_and_harmofls_loa
     """FedFA's and HarmoFL's Prostate loaders feed torch.Tensor(uint8 slice): 0..255, no normalization."""
     import torch
 
-    from mpifl.client.normalize import fixed
+    from mpifl.plan.normalize import fixed
     from mpifl.data.registry import FIXED_NORMALIZATION
 
     assert load_preset("fedrdn-t2-prostate").options["input_norm"] == "fixed"

@@ -2,11 +2,12 @@
 
 import torch
 
-from mpifl.algorithms import SharePolicy, get_algorithm
-from mpifl.client.normalize import stats_spec
+from mpifl.algorithms import get_algorithm
 from mpifl.models import build_model, state_entries
 from mpifl.plan.config import RunConfig
+from mpifl.plan.normalize import stats_spec
 from mpifl.transport.manifest import format_manifest
+from mpifl.transport.share import SharePolicy
 from mpifl.transport.wire import TensorSpec
 
 from ..algorithms.helpers import make_algo

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from mpifl.algorithms import Folding, Reduction, weighted_mean
-from mpifl.algorithms.reduction import SUM_BLOCK, mean_weights, weighted_sum
+from mpifl.algorithms.core.reduction import SUM_BLOCK, mean_weights, weighted_sum
 
 
 def test_weighted_mean_in_float64_and_order_fixed():

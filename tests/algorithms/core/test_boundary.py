@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy import ndimage
 
-from mpifl.algorithms.boundary import boundary_loss, dilate, erode, nt_xent, region_means, regions
+from mpifl.algorithms.core.boundary import boundary_loss, dilate, erode, nt_xent, region_means, regions
 from mpifl.models.unet import UNet
 from mpifl.plan.task import SEGMENTATION
 
-from .helpers import make_algo
+from ..helpers import make_algo
 
 
 def test_erosion_and_dilation_are_scipys_with_the_cross_and_the_outside_as_background():

@@ -12,15 +12,15 @@ import torch
 
 from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
-from mpifl.job.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
-                                  save_clients, save_server, verify)
-from mpifl.plan.config import RunConfig
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
+from mpifl.plan.config import RunConfig
 from mpifl.run import main
+from mpifl.rundir.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
+                                  save_clients, save_server, verify)
 
 from ..conftest import TIMING_KEYS, launch, read_metrics, run_here, run_in_process
-from .test_run_dir import one_error, snapshot
+from .test_directory import one_error, snapshot
 
 ALGO = "fedbn"  # private BN layers: the client ranks' state must survive the restart too
 

@@ -54,21 +54,20 @@ prescribes for every client, computed on its training split.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import numpy as np
 import torch
 
 from ..data.registry import FIXED_NORMALIZATION
 from ..errors import MpiflError
-from ..plan.seeding import statistics_rng
 from ..transport.wire import TensorSpec
+from .seeding import statistics_rng
 
 if TYPE_CHECKING:
     from ..data import DatasetManifest
     from ..data.shard import Shard
-    from ..plan.clients import ClientSpec
-    from .client_data import ClientData
+    from .clients import ClientSpec
 
 INPUT_NORMS = ("auto", "pooled", "domain", "fixed", "imagenet")
 #: ImageNet's channel mean and std (torchvision's pre-trained weights expect them).
@@ -188,6 +187,15 @@ def make_normalizer(aug: str, own: np.ndarray, everyone: np.ndarray | None, draw
     raise ValueError(f"no client statistics are used with --aug {aug}")
 
 
+class NormalizedData(Protocol):
+    """What input normalization needs of a client's data (:class:`mpifl.client.client_data.ClientData`): its
+    own training images in chunks, and the place its normalizer goes."""
+
+    normalizer: Normalizer
+
+    def own_chunks(self, rng: np.random.Generator | None = None) -> Iterable[torch.Tensor]: ...
+
+
 class InputNormalization:
     """``--aug`` on one rank: the normalizer of each client it hosts, and FedRDN's statistics as a one-time
     exchange (the interface of :class:`~mpifl.transport.exchange.OneTimeExchange`, as a method's own).
@@ -202,10 +210,10 @@ class InputNormalization:
     def __init__(self, aug: str, draw: str, channels: int, stats: str = "augmented", seed: int = 0):
         self.aug, self.draw, self.channels, self.stats, self.seed = aug, draw, channels, stats, seed
         self._own: dict[int, np.ndarray] = {}  # (2, C) per attached client
-        self._data: dict[int, ClientData] = {}
+        self._data: dict[int, NormalizedData] = {}
         self._device = None
 
-    def attach(self, specs: list[ClientSpec], data: dict[int, ClientData], device) -> None:
+    def attach(self, specs: list[ClientSpec], data: dict[int, NormalizedData], device) -> None:
         if self.aug == "none":
             return  # the dataset's normalization, installed with the data
         self._data, self._device = data, device

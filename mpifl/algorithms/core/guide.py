@@ -24,7 +24,7 @@ method.
   does to them on the way to its own head (RSC's mask); FedMix's forward pass encodes ``(1 - lambda) x``,
   so its guide reads those.  The labels are the mini-batch's.
 * **When**: every mini-batch of a round's local training.  A personalization fine-tuning before an
-  evaluation (:meth:`~mpifl.algorithms.base.Algorithm.personalize`) is not guided: no global head is held.
+  evaluation (:meth:`~mpifl.algorithms.core.base.Algorithm.personalize`) is not guided: no global head is held.
 * **Which methods**: every one whose download holds every classifier entry (checked on its first stage's
   share policy when the run is built); for the others (FedPer, FedRep, FedBABU, SingleSet, FedProto, ...)
   there is no global head and ``--guide-lambda > 0`` is refused in one line.
@@ -40,9 +40,9 @@ import copy
 import torch
 from torch import nn
 
-from ..errors import MpiflError
-from ..plan.config import Option
-from ..plan.task import Task
+from ...errors import MpiflError
+from ...plan.config import Option
+from ...plan.task import Task
 
 NAME = "guide_lambda"  # the option every method takes (Algorithm.__init_subclass__)
 

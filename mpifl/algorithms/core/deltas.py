@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..plan.config import Option
-from ..transport.wire import TensorSpec
+from ...plan.config import Option
+from ...transport.wire import TensorSpec
 
 SERVER_LR = Option("server_lr", float, 1.0,
                    "server (global) learning rate: x <- x + server_lr * (aggregated update)")

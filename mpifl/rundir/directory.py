@@ -29,17 +29,7 @@ from pathlib import Path
 from ..dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, holder, try_lock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
-
-TRACEBACKS = "traceback-rank*.txt"  # a bug's traceback, one file per failed rank (:func:`traceback_file`)
-ATTEMPTS = "attempts"  # a resumed run's earlier attempts: attempts/<k>/ holds the k-th one's tracebacks
-#: What a run writes into its directory (``--holdout all``: a folder of fold runs and their table).
-RUN_FILES = ("config.json", "metrics.jsonl", "log.txt", "summary.csv", "summary.md", "checkpoint",
-             TRACEBACKS, "holdout-*", "config.json.tmp", "metrics.jsonl.tmp", ATTEMPTS)
-
-
-def traceback_file(run_dir: Path, rank: int) -> Path:
-    """Where rank ``rank``'s traceback of a bug goes."""
-    return run_dir / TRACEBACKS.replace("*", str(rank))
+from .names import ATTEMPTS, CHECKPOINT, CHECKPOINT_META, CONFIG, RUN_FILES, RUN_MARKS, TMP, TRACEBACKS
 
 
 def run_files(path: Path) -> list[str]:
@@ -64,10 +54,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
-#: What marks a directory as one run's own (:func:`_check_not_inside_a_run`): its first file, its records, its
-#: checkpoints, a live run's claim.
-RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint", LOCK_NAME)
-
 
 def check_new(path: Path) -> None:
     """Refuse (one line, nothing written) a directory a new run cannot own."""
@@ -79,7 +65,7 @@ def check_new(path: Path) -> None:
             probe.release()
     found = run_files(path)
     if found:
-        resumable = (path / "checkpoint" / "meta.json").is_file()
+        resumable = (path / CHECKPOINT / CHECKPOINT_META).is_file()
         raise MpiflError(f"run directory {path} already holds a run ({', '.join(found)}); a run directory belongs "
                          "to one run: pass another --out" + (f", or --resume {path} to continue that run" if resumable
                                                              else ", or remove it"))
@@ -178,8 +164,8 @@ def archive_attempt(path: Path) -> str | None:
 def write_config(path: Path, cfg: RunConfig, lock: DirectoryLock | None) -> None:
     """``config.json``, atomically (temp file + rename: the other ranks of a resumed run read it); and who holds
     the directory, for the message of a second run refused."""
-    tmp = path / "config.json.tmp"
+    tmp = path / (CONFIG + TMP)
     tmp.write_text(json.dumps(cfg.to_flat(), indent=2) + "\n")
-    os.replace(tmp, path / "config.json")
+    os.replace(tmp, path / CONFIG)
     if lock is not None:
         lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")

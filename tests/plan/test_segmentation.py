@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mpifl.client.segmentation import DICE_EPS, dice_ce_loss, dice_loss, dice_scores
+from mpifl.plan.segmentation import DICE_EPS, dice_ce_loss, dice_loss, dice_scores
 
 EPS = DICE_EPS
 

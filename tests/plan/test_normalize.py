@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from mpifl.client.client_data import ClientData, ResidentImages, load_client_data
-from mpifl.client.normalize import InputNormalization, channel_stats, fixed, make_normalizer
 from mpifl.client.transforms import TrainTransforms
 from mpifl.data import ensure_dataset, open_shard
 from mpifl.plan.clients import make_clients
+from mpifl.plan.normalize import InputNormalization, channel_stats, fixed, make_normalizer
 from mpifl.plan.seeding import statistics_rng
 
 

@@ -16,18 +16,18 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, get_algorithm
-from ..algorithms.guide import check_guide
-from ..client.normalize import InputNormalization, check_input_norm, resolve_input_norm
+from ..algorithms.core.guide import check_guide
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
 from ..models import PretrainedLoad, load_pretrained, state_entries
+from ..plan.clients import SPLITS, ClientSpec, make_clients
+from ..plan.config import RunConfig
+from ..plan.normalize import InputNormalization, check_input_norm, resolve_input_norm
+from ..plan.placement import place_clients
+from ..plan.seeding import sample_clients, seed_model_init
+from ..plan.task import task_of
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
-from .clients import SPLITS, ClientSpec, make_clients
-from .config import RunConfig
-from .placement import place_clients
-from .seeding import sample_clients, seed_model_init
-from .task import task_of
 
 
 @dataclass

@@ -7,7 +7,7 @@ from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
 from mpifl.plan.task import CLASSIFICATION, SEGMENTATION
 
-from .helpers import aggregate, client_meta, gradients_after_shift, make_algo
+from ..helpers import aggregate, client_meta, gradients_after_shift, make_algo
 
 
 _algo = make_algo

@@ -14,8 +14,8 @@ import pytest
 
 from mpifl.dirlock import LOCK_NAME
 from mpifl.errors import MpiflError
-from mpifl.job.run_dir import check_new, default_run_dir, open_new, run_files
 from mpifl.plan.config import RunConfig
+from mpifl.rundir.directory import check_new, default_run_dir, open_new, run_files
 
 from ..conftest import REPO, read_metrics, run_here
 

@@ -19,7 +19,7 @@ from .reduction import Reduction, mean_weights
 
 
 class HeldOutAverage:
-    """Mixin over an :class:`~mpifl.algorithms.base.Algorithm`; see the module docstring."""
+    """Mixin over an :class:`~mpifl.algorithms.core.base.Algorithm`; see the module docstring."""
 
     def averaged_for_held_out(self, entry) -> bool:
         """Whether a (private) model entry is averaged for the held-out domain's global model."""

@@ -13,7 +13,7 @@ from ..conftest import AS_ROOT, REPO, mpirun_path, open_mpi
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""
-    from mpifl.job.world import LAUNCHER_RANK, LAUNCHER_SIZE
+    from mpifl.process.world import LAUNCHER_RANK, LAUNCHER_SIZE
 
     return {k: v for k, v in os.environ.items() if k not in LAUNCHER_SIZE + LAUNCHER_RANK}
 

@@ -12,18 +12,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpifl.algorithms import ALGORITHMS, get_algorithm
-from mpifl.algorithms.guide import check_guide
+from mpifl.algorithms.core.guide import check_guide
 from mpifl.client.client_data import ClientData, ResidentImages
-from mpifl.client.normalize import fixed
 from mpifl.client.training import load_state
 from mpifl.errors import MpiflError
 from mpifl.models import build_model, state_entries
 from mpifl.plan.clients import ClientSpec
 from mpifl.plan.config import RunConfig
+from mpifl.plan.normalize import fixed
 from mpifl.plan.task import SEGMENTATION, SEGMENTATION_DICE_CE
 
-from ..conftest import read_metrics, run_here
-from .helpers import local_round, make_algo
+from ...conftest import read_metrics, run_here
+from ..helpers import local_round, make_algo
 
 
 class Tiny(nn.Module):

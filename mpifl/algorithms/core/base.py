@@ -24,14 +24,14 @@ from FedAvg.  The runtime owns the loop; the method supplies:
   :meth:`end_local`, :meth:`score_local` (the model as downloaded and as
   trained, scored on the client's own splits), and :meth:`personalize`
   (fine-tuning before a personal model is evaluated);
-* **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.guide`), which every method
+* **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.core.guide`), which every method
   takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
   lambda L(h_g(features), y), L the task's loss; a method overriding either calls ``super()`` (one with its own
   :meth:`batch_loss` adds :meth:`plus_extra`), and sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
 * **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
   :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images), then
   :meth:`training_data`, a training set rebuilt from what was received (CCST's stylized images);
-* **the server rule**, as a reduction (:mod:`mpifl.algorithms.reduction`): :meth:`init_server`,
+* **the server rule**, as a reduction (:mod:`mpifl.algorithms.core.reduction`): :meth:`init_server`,
   :meth:`download`, then per round :meth:`prepare` (from the entries named in :meth:`gathered_keys`,
   which rank 0 receives from every client), :meth:`reductions` (the weighted sums it needs of the other
   uploads, folded as they arrive) and :meth:`aggregate` (the new global state from those sums; a
@@ -58,25 +58,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import MpiflError
-from ..plan.clients import ClientSpec
-from ..plan.config import Option, RunConfig
-from ..plan.optim import build_optimizer, round_lr
-from ..plan.task import CLASSIFICATION, Task
-from ..models import StateEntry, build_model, place_composite_norms
-from ..transport.wire import TensorSpec
+from ...errors import MpiflError
+from ...models import StateEntry, build_model, place_composite_norms
+from ...plan.clients import ClientSpec
+from ...plan.config import Option, RunConfig
+from ...plan.optim import build_optimizer, round_lr
+from ...plan.task import CLASSIFICATION, Task
+from ...transport.share import SharePolicy
+from ...transport.wire import TensorSpec
 from .guide import NAME as GUIDE, frozen_head, guide_loss, with_guide
 from .reduction import Reduction, mean_weights, weighted_mean
-
-
-@dataclass(frozen=True)
-class SharePolicy:
-    """Tensors per direction per participating client, and those a client keeps."""
-
-    download: list[TensorSpec]
-    upload: list[TensorSpec]
-    private: list[TensorSpec]
-    gathered: tuple[str, ...] = ()  # uploads rank 0 receives from every client whole; the rest are folded
 
 
 @dataclass
@@ -146,7 +137,7 @@ class Algorithm:
     #: the method's rule assumes each round's local optimizer starts from zero state (FedNova's a_K,
     #: ``deltas.solver_norm``), so ``--keep-optimizer`` is refused for it
     fresh_optimizer: ClassVar[bool] = False
-    #: the default of ``--guide-lambda``, the guiding regularizer's weight (:mod:`mpifl.algorithms.guide`)
+    #: the default of ``--guide-lambda``, the guiding regularizer's weight (:mod:`mpifl.algorithms.core.guide`)
     default_guide_lambda: ClassVar[float] = 0.0
     #: why the method's rule needs a class per image ("" for a task-agnostic method): it refuses a segmentation
     #: task with it

@@ -44,14 +44,11 @@ import torch
 
 from ..algorithms import ServerState
 from ..data.manifest import sha256_file
-from ..plan.config import RunConfig
 from ..errors import MpiflError
+from ..plan.config import RunConfig, identity_options
+from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE, TMP
 
-FORMAT = 3  # 2: meta.json records every file's size and sha256; 3: a rank's file holds one member per client
-DIRNAME = "checkpoint"
-IDENTITY = ("algo", "data", "model", "seed", "clients_per_domain", "num_clients", "dirichlet", "samples_per_client",
-            "percent", "holdout", "schedule_rounds")  # what makes a checkpoint belong to a run
-SERVER_FILE = "server.pt"
+FORMAT = 4  # 2: every file's size and sha256; 3: one member per client; 4: identity = every option but RESUMABLE
 
 
 @dataclass(frozen=True)
@@ -81,18 +78,15 @@ class Checkpoint:
 
 
 def round_dir(run_dir: Path, round_index: int) -> Path:
-    return Path(run_dir) / DIRNAME / f"round-{round_index}"
+    return Path(run_dir) / CHECKPOINT / ROUND_DIR.format(round=round_index)
 
 
 def rank_file(rank: int) -> str:
-    return f"rank-{rank}.zip"
+    return RANK_FILE.format(rank=rank)
 
 
 def _member(cid: int) -> str:
-    return f"client-{cid}.pt"
-
-
-ADOPTED = "adopted.pt"
+    return CLIENT_MEMBER.format(client=cid)
 
 
 class _Hashing:
@@ -113,7 +107,7 @@ class _Hashing:
 def _atomic_write(path: Path, write: Callable[[_Hashing], None]) -> FileRecord:
     """``write(file)`` to a temporary name, flushed to disk, then renamed onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TMP)
     with tmp.open("wb") as f:
         hashing = _Hashing(f)
         write(hashing)
@@ -141,7 +135,7 @@ def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tu
     (:meth:`PrivateStore.adopted_record`)."""
     def write(f) -> None:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
-            archive.writestr(ADOPTED, _saved(adopted))
+            archive.writestr(ADOPTED_MEMBER, _saved(adopted))
             for cid, private in states:
                 archive.writestr(_member(cid), _saved({k: v.detach().cpu() for k, v in private.items()}))
 
@@ -150,15 +144,15 @@ def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tu
 
 def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
     """Make round ``checkpoint.round`` the checkpoint (every file of it is written), drop older rounds."""
-    base = Path(run_dir) / DIRNAME
-    tmp = base / "meta.json.tmp"
+    base = Path(run_dir) / CHECKPOINT
+    tmp = base / (CHECKPOINT_META + TMP)
     with tmp.open("w") as f:
         f.write(json.dumps(checkpoint.to_json(), indent=1) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, base / "meta.json")
-    for old in base.glob("round-*"):
-        if old.name != f"round-{checkpoint.round}":
+    os.replace(tmp, base / CHECKPOINT_META)
+    for old in base.glob(ROUND_DIR.format(round="*")):
+        if old.name != ROUND_DIR.format(round=checkpoint.round):
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -178,21 +172,24 @@ class UnusableCheckpoint(MpiflError):
 
 
 def identity(cfg: RunConfig) -> dict:
-    """The options a resumed run must share with the checkpointed one (method options included)."""
-    return {**{k: getattr(cfg, k) for k in IDENTITY}, **cfg.algo_options}
+    """The options a resumed run must share with the checkpointed one: every option but those a resume may
+    change (:data:`mpifl.plan.config.RESUMABLE`), method options included."""
+    return identity_options(cfg)
 
 
 def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
     """``meta.json`` of RUN_DIR, checked against the run about to continue it."""
-    path = Path(run_dir) / DIRNAME / "meta.json"
+    path = Path(run_dir) / CHECKPOINT / CHECKPOINT_META
     if not path.exists():
         again = "it can only be run again from the start, with another --out"
-        uncommitted = sorted((Path(run_dir) / DIRNAME).glob("round-*"), key=lambda p: int(p.name[len("round-"):]))
+        uncommitted = sorted((Path(run_dir) / CHECKPOINT).glob(ROUND_DIR.format(round="*")),
+                             key=lambda p: int(p.name.rpartition("-")[2]))
         if uncommitted:  # a run that ended while writing its first checkpoint; the next commit removes it
-            raise UnusableCheckpoint(f"no committed checkpoint in {run_dir}: {DIRNAME}/{uncommitted[-1].name}/ was "
-                                     f"still being written when the run ended (no {DIRNAME}/meta.json commits it)",
+            raise UnusableCheckpoint(f"no committed checkpoint in {run_dir}: {CHECKPOINT}/{uncommitted[-1].name}/ was "
+                                     f"still being written when the run ended (no {CHECKPOINT}/{CHECKPOINT_META} "
+                                     "commits it)",
                                      again)
-        raise UnusableCheckpoint(f"no checkpoint in {run_dir} (no {DIRNAME}/meta.json): it was run without "
+        raise UnusableCheckpoint(f"no checkpoint in {run_dir} (no {CHECKPOINT}/{CHECKPOINT_META}): it was run without "
                                  "--ckpt-every and never stopped by a signal", again)
     checkpoint = _parse(path)
     ours = identity(cfg)
@@ -292,4 +289,4 @@ def load_clients(run_dir: Path, checkpoint: Checkpoint,
 
 def load_adopted(run_dir: Path, checkpoint: Checkpoint) -> dict:
     """The adopted entries at the checkpoint (every rank's file holds the same)."""
-    return _torch_load(round_dir(run_dir, checkpoint.round) / rank_file(min(checkpoint.ranks)), ADOPTED)
+    return _torch_load(round_dir(run_dir, checkpoint.round) / rank_file(min(checkpoint.ranks)), ADOPTED_MEMBER)

@@ -6,8 +6,8 @@ import pytest
 
 from mpifl.data import DatasetManifest
 from mpifl.plan.config import RunConfig
-from mpifl.plan.protocol import RoundProtocol
-from mpifl.plan.session import make_session
+from mpifl.session.protocol import RoundProtocol
+from mpifl.session.session import make_session
 from mpifl.transport.messages import FINAL, NO_EVAL, SAVE, STOP, TRAIN
 
 MANIFEST = DatasetManifest(name="toy", domains=["a", "b", "c"], classes=["x", "y"], image_size=(8, 8), channels=3,

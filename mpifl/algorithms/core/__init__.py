@@ -1,0 +1,2 @@
+"""The machinery every method stands on: the :class:`~.base.Algorithm` interface and its hooks, reductions,
+model deltas, held-out evaluation, the guiding regularizer and the personalization boundary."""
