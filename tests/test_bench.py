@@ -13,6 +13,7 @@ def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with
     assert speedup_bound(sizes, ranks) == pytest.approx(bound)
 
 
+@pytest.mark.slow
 def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, data_root):
     """With evaluation every round: the bare loop evaluates too, and the scores' bytes are accounted for."""
     out = tmp_path / "bench.json"
@@ -39,6 +40,7 @@ def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, dat
         result["seconds_per_round"]["mpifl_2_ranks"] / placed["2_ranks"])
 
 
+@pytest.mark.slow
 def test_many_clients_case_reports_time_and_every_ranks_peak_memory(tmp_path, data_root):
     out = tmp_path / "many.json"
     proc = subprocess.run(

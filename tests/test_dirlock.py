@@ -28,6 +28,7 @@ def test_one_holder_at_a_time_and_the_holder_is_described(tmp_path):
     second.release()
 
 
+@pytest.mark.slow
 def test_the_claim_of_a_killed_process_is_taken_over_and_its_lock_file_left_as_it_was(tmp_path):
     code = ("import os, signal, sys; from pathlib import Path; from mpifl.dirlock import try_lock; "
             "try_lock(Path(sys.argv[1])).describe('a run'); os.kill(os.getpid(), signal.SIGKILL)")

@@ -10,6 +10,8 @@ import pytest
 
 from .conftest import REPO, mpirun_path, read_metrics
 
+pytestmark = pytest.mark.slow
+
 
 def test_local_launcher_sizes_the_job_and_runs_it(data_root, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "MPIRUN": mpirun_path(),

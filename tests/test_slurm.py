@@ -20,6 +20,8 @@ import pytest
 
 from .conftest import REPO, launch, read_metrics
 
+pytestmark = pytest.mark.slow
+
 SLURM = REPO / "slurm"
 VENV = Path(sys.executable).parent.parent
 DOMAINS = {"pacs": 4, "office_caltech": 4, "officehome": 4, "domainnet": 6, "digits": 5, "styledigits": 5}

@@ -61,6 +61,7 @@ def test_bad_sweeps_are_refused(sweep, grids, seeds, common, message):
         sweep.check_common(common, grid, seeds)
 
 
+@pytest.mark.slow
 def test_dry_run_writes_one_config_per_point_and_prints_the_local_commands(tmp_path):
     out = tmp_path / "sweep"
     proc = run_sweep("--grid", "lr=0.01,0.1", "--grid", "algo=fedavg,fedbn", "--local", "--out", str(out),
@@ -79,6 +80,7 @@ def test_dry_run_writes_one_config_per_point_and_prints_the_local_commands(tmp_p
     assert json.loads((out / "sweep.json").read_text())["common"] == ["--rounds", "2", "--note", "two words"]
 
 
+@pytest.mark.slow
 def test_dry_run_prints_one_sbatch_array_that_reads_the_config_list(tmp_path):
     out = tmp_path / "sweep"
     proc = run_sweep("--grid", "lr=0.01,0.1", "--seeds", "0,1,2", "--slurm", "slurm/pacs.sh", "--out", str(out),
@@ -100,6 +102,7 @@ def test_dry_run_prints_one_sbatch_array_that_reads_the_config_list(tmp_path):
     assert f"--config {out}/configs/p005-lr=0.1-seed=2.json" in command and command.endswith("--rounds 5 ")
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_every_point_and_collects_the_results(data_root, tmp_path):
     out = tmp_path / "sweep"
     env = {"PYTHONPATH": str(REPO), "MPIRUN": mpirun_path(), "MPIFL_RANKS": "3",

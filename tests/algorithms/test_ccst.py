@@ -124,6 +124,7 @@ def test_k_defaults_to_every_training_client_and_is_refused_above_it(data_root, 
         _ccst(data_root, style_model, ccst_style="single", ccst_styles=6).bind_clients(_clients([7, 5]))
 
 
+@pytest.mark.slow
 def test_a_missing_style_model_is_one_line_before_anything_runs(data_root, tmp_path, style_model):
     with pytest.raises(MpiflError, match=r"^ccst stylizes with the AdaIN network, .*give --style-model DIR"):
         make_algo("ccst", {"data_root": str(data_root)})
@@ -145,6 +146,7 @@ def test_a_missing_style_model_is_one_line_before_anything_runs(data_root, tmp_p
     assert not (tmp_path / "run").exists()  # found at set-up: the same command, corrected, can run
 
 
+@pytest.mark.slow
 def test_the_styles_show_in_the_manifest_as_data_derived(data_root, style_model):
     job = run_here("--data-root", str(data_root), "--algo", "ccst", "--style-model", str(style_model),
                    "--show-manifest")

@@ -232,6 +232,7 @@ def _round_by_hand(before, after, participants):
                 assert torch.equal(stack[row], before.extra["copa.heads/" + key][row]), (cid, key)
 
 
+@pytest.mark.slow
 def test_two_rounds_in_process_with_a_held_out_domain_and_a_bit_identical_resume(data_root, tmp_path):
     full = run_here(*_args(data_root, tmp_path / "full", "--rounds", "2"))
     assert full.returncode == 0, full.stderr

@@ -347,6 +347,7 @@ def test_fedrdn_normalization_is_refused(data_root):
         _algo(data_root, {"aug": "fedrdn"})
 
 
+@pytest.mark.slow
 def test_two_rounds_send_fedavgs_model_and_train_on_the_two_pass_episodic_objective(data_root, tmp_path):
     """The wire is FedAvg's; the training loss a round reports is the episodic objective L(x) + L_out(x'), two
     task losses, each near ln 10 for the barely trained 10-class model of round 1 (FedAvg's one pass reports

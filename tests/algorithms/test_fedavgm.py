@@ -1,6 +1,7 @@
 """FedAvgM: server momentum on the averaged update; FedAvg at beta = 0, eta_s = 1; wire unchanged."""
 
 import numpy as np
+import pytest
 import torch
 
 from mpifl.algorithms import Uploads
@@ -75,6 +76,7 @@ def _losses(record):
     return [d["loss"] for split in ("val", "test") for d in record["eval"]["global"][split]["domains"].values()]
 
 
+@pytest.mark.slow
 def test_over_mpi_momentum_acts_from_the_second_round(data_root, tmp_path):
     """Round 1: v = Delta, so x - v is FedAvg's average; round 2 adds beta v and differs from FedAvg."""
     records = {}

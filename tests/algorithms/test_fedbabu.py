@@ -49,6 +49,7 @@ def test_bad_fine_tuning_options_are_refused():
         make_algo("fedbabu", fedbabu_finetune="body")
 
 
+@pytest.mark.slow
 def test_in_a_real_run_fine_tuned_models_differ_from_the_global_one_and_the_head_stays_put(data_root, tmp_path):
     run_two_rounds(data_root, tmp_path / "r", "fedbabu", "--fedbabu-finetune-epochs", "1")
     record = read_metrics(tmp_path / "r")[-1]

@@ -229,6 +229,7 @@ def test_bad_rule():
         make_algo("feddc", feddc_rule="cvpr")
 
 
+@pytest.mark.slow
 def test_two_rounds_over_mpi(data_root, tmp_path):
     run = tmp_path / "feddc"
     run_two_rounds(data_root, run, "feddc")

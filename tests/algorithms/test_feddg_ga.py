@@ -202,6 +202,7 @@ def _server_extra(run, round_index):
     return torch.load(round_dir(run, round_index) / SERVER_FILE)["extra"]
 
 
+@pytest.mark.slow
 def test_two_rounds_in_process_move_the_weights(data_root, tmp_path):
     job = _run(data_root, tmp_path / "run", "--rounds", "2", "--ckpt-every", "1")
     assert job.returncode == 0, job.stderr
@@ -215,6 +216,7 @@ def test_two_rounds_in_process_move_the_weights(data_root, tmp_path):
     assert weights.sum() == pytest.approx(1.0) and np.abs(weights - 1 / n).max() > 1e-4  # moved in round 2
 
 
+@pytest.mark.slow
 def test_a_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(data_root, tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert _run(data_root, full, "--rounds", "4", "--ckpt-every", "4").returncode == 0

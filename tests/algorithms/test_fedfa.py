@@ -134,6 +134,7 @@ def test_bad_options(bad):
         _fedfa(**bad)
 
 
+@pytest.mark.slow
 def test_two_rounds_add_only_the_statistics_to_fedavgs_wire(data_root, tmp_path):
     run = tmp_path / "fa"
     run_two_rounds(data_root, run, "fedfa")

@@ -1,6 +1,7 @@
 """FedNova: updates normalized by local step counts; FedAvg when steps are equal; the runtime's step counts."""
 
 import numpy as np
+import pytest
 import torch
 
 from mpifl.algorithms import Uploads
@@ -108,6 +109,7 @@ def _args(data_root, out, algo, rounds):
             "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_in_a_real_run_fednova_differs_from_fedavg_when_steps_differ(data_root, tmp_path):
     cfg = RunConfig(data_root=str(data_root), model="smallcnn", clients_per_domain=2, dirichlet=0.5, fraction=0.5,
                     algo="fednova", algo_options={"uniform_weights": False})

@@ -138,6 +138,7 @@ def test_prototypes_come_from_the_last_local_epoch_by_default_or_from_all(rule):
     assert not torch.allclose(torch.cat(feats[2:]).mean(0), torch.cat(feats).mean(0), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_two_rounds_move_only_prototypes_and_report_personal_models(data_root, tmp_path):
     run = tmp_path / "proto"
     run_two_rounds(data_root, run, "fedproto")

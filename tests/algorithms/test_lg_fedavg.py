@@ -83,6 +83,7 @@ def test_private_layers_start_from_the_initial_model_and_belong_to_the_client():
     assert not torch.equal(client.private["conv1.weight"], initial["conv1.weight"])  # a copy, not an alias
 
 
+@pytest.mark.slow
 def test_two_rounds_move_only_the_classifier_and_report_personal_models(data_root, tmp_path):
     run = tmp_path / "lg"
     run_two_rounds(data_root, run, "lg-fedavg")

@@ -95,6 +95,7 @@ def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--lr", "0.05", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["ibn", "dson"])
 def test_gperxan_ablation_runs_two_rounds_in_process(data_root, tmp_path, norm):
     run = tmp_path / norm
@@ -110,6 +111,7 @@ def test_gperxan_ablation_runs_two_rounds_in_process(data_root, tmp_path, norm):
     assert all(0 <= r["eval"]["personal"]["test"]["mean"]["acc"] <= 1 for r in records)
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_unknown_norm_and_a_method_that_cannot_take_it_in_one_line(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "a", "--norm", "xn"))
     assert job.returncode != 0 and len(job.stderr.strip().splitlines()) == 1

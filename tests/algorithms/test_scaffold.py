@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from mpifl.algorithms import Uploads
@@ -136,6 +137,7 @@ def test_partial_participation_keeps_unsampled_variates_and_c_stays_their_mean()
     assert all(clients[1].private[C_LOCAL + k].abs().max() > 0 for k in algo.params)
 
 
+@pytest.mark.slow
 def test_two_rounds_over_mpi_carry_the_variates(data_root, tmp_path):
     run = tmp_path / "scaffold"
     run_two_rounds(data_root, run, "scaffold")

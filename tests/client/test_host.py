@@ -4,11 +4,15 @@ trains the next, to the same numbers as folding after the gather."""
 
 from __future__ import annotations
 
+import pytest
+
 from mpifl.algorithms import ALGORITHMS
 from mpifl.client import host
 from mpifl.client.host import ClientHost
 
 from ..conftest import read_metrics, run_here, untimed
+
+pytestmark = pytest.mark.slow
 
 
 def test_uploads_leave_one_client_at_a_time_and_fold_to_the_numbers_of_folding_after_the_gather(

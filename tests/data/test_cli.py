@@ -100,6 +100,7 @@ def test_info_and_verify_of_missing_dataset(tmp_path):
                           f"python -m mpifl.data prepare pacs --src DIR --out {tmp_path}")
 
 
+@pytest.mark.slow
 def test_module_entry_point_prints_one_line_error(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "mpifl.data", "info", "nosuch", "--root", str(tmp_path)],

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mpifl.data.folders import convert_folders
 from mpifl.data.staging import UNCLAIMED_STALE_SECONDS, remove_stale, staging_dir
 from mpifl.dirlock import LOCK_NAME
@@ -27,6 +29,7 @@ def _converter(out, then: str) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.readline().strip()
 
 
+@pytest.mark.slow
 def test_the_next_prepare_removes_the_staging_directory_of_a_converter_killed_outright(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

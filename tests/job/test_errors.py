@@ -14,6 +14,8 @@ from mpifl.transport.gpu_mpi import cuda_aware
 
 from ..conftest import launch, run_here, run_in_process
 
+pytestmark = pytest.mark.slow
+
 
 def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "2", *extra]

@@ -19,6 +19,8 @@ import pytest
 
 from ..conftest import AS_ROOT, REPO, launch, mpirun_command, open_mpi, run_in_process
 
+pytestmark = pytest.mark.slow
+
 
 def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "50", *extra]

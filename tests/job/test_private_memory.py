@@ -7,6 +7,8 @@ from ..conftest import run_here
 from ..rundir.test_checkpoint import numbers
 from ..rundir.test_directory import one_error, snapshot
 
+pytestmark = pytest.mark.slow
+
 METHODS = {  # what each keeps: model-sized control variates; a whole personal model (evaluated for clients
     # that never trained); BN statistics adopted from round 2 on; BN layers plus kept momentum
     "scaffold": (), "singleset": (), "fixbn": ("--fixbn-stage-rounds", "1"),

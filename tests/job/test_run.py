@@ -13,6 +13,8 @@ from mpifl.algorithms import ALGORITHMS
 
 from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
 
+pytestmark = pytest.mark.slow
+
 
 def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--lr", "0.05",

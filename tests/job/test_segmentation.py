@@ -13,6 +13,8 @@ from mpifl.data.shard import Shard
 
 from ..conftest import read_metrics, run_here
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def shapes_root(tmp_path_factory):

@@ -10,6 +10,8 @@ import pytest
 
 from ..conftest import AS_ROOT, REPO, mpirun_path, open_mpi
 
+pytestmark = pytest.mark.slow
+
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""

@@ -50,6 +50,7 @@ def uninterrupted(data_root, tmp_path_factory):
     return numbers(run)
 
 
+@pytest.mark.slow
 def test_three_rounds_then_resume_on_another_rank_count_equals_six_rounds(data_root, tmp_path, uninterrupted):
     run = tmp_path / "run"
     first = launch(3, *_args(data_root, run, "--rounds", "3", "--ckpt-every", "3"))
@@ -62,6 +63,7 @@ def test_three_rounds_then_resume_on_another_rank_count_equals_six_rounds(data_r
     assert json.loads((run / "config.json").read_text())["rounds"] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_in_process", [False, True])
 def test_a_stop_signal_checkpoints_and_the_resumed_run_finishes_identically(data_root, tmp_path, uninterrupted,
                                                                             stop_in_process):
@@ -78,6 +80,7 @@ def test_a_stop_signal_checkpoints_and_the_resumed_run_finishes_identically(data
     assert numbers(run) == uninterrupted
 
 
+@pytest.mark.slow
 def test_a_crash_after_a_checkpoint_leaves_it_intact_and_resumable(data_root, tmp_path, uninterrupted):
     run = tmp_path / "run"
     crashed = launch(3, *_args(data_root, run, "--rounds", "6", "--ckpt-every", "2"),
@@ -104,6 +107,7 @@ def _copy(run, tmp_path):
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_the_command_that_started_a_run_plus_resume_continues_it(data_root, checkpointed, tmp_path):
     run = _copy(checkpointed, tmp_path)
     config = tmp_path / "exp.yaml"
@@ -113,6 +117,7 @@ def test_the_command_that_started_a_run_plus_resume_continues_it(data_root, chec
     assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,named", [
     (("--lr", "0.5"), "--lr 0.5 (the run has 0.01)"),
     (("--algo", "fedavg", "--seed", "3"), "--algo fedavg (the run has fedbn), --seed 3 (the run has 0)"),
@@ -127,6 +132,7 @@ def test_resume_refuses_a_real_change_naming_it_and_changes_nothing(checkpointed
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage,named", [
     (lambda rd: rd.joinpath("server.pt").write_bytes(rd.joinpath("server.pt").read_bytes()[:5000]),
      "server.pt has 5000 bytes, "),
@@ -146,6 +152,7 @@ def test_a_damaged_checkpoint_is_named_before_anything_is_touched(checkpointed, 
     assert snapshot(run) == before  # the finished run's metrics.jsonl keeps its last record
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_or_past_its_rounds_is_refused_and_changes_nothing(checkpointed, tmp_path):
     run = _copy(checkpointed, tmp_path)
     before = snapshot(run)
@@ -228,6 +235,7 @@ def test_a_resume_with_more_rounds_keeps_the_schedules_of_the_rounds_the_run_sta
     assert identity(resumed)["schedule_rounds"] == 4  # and a checkpoint records it
 
 
+@pytest.mark.slow
 def test_kept_optimizer_state_is_checkpointed_resumes_bit_for_bit_and_never_crosses_the_wire(data_root, tmp_path,
                                                                                              uninterrupted):
     keep = ("--momentum", "0.9", "--keep-optimizer")

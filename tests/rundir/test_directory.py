@@ -19,6 +19,8 @@ from mpifl.rundir.directory import check_new, default_run_dir, open_new, run_fil
 
 from ..conftest import REPO, read_metrics, run_here
 
+pytestmark = pytest.mark.slow
+
 
 def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--threads", "1", "--out", str(out), *extra]

@@ -1,5 +1,6 @@
 """``--show-manifest``'s text: every wire tensor, with what is computed from the clients' data marked."""
 
+import pytest
 import torch
 
 from mpifl.algorithms import get_algorithm
@@ -47,6 +48,7 @@ def test_method_tensors_of_client_data_are_marked():
     assert not down["conv1.weight"]
 
 
+@pytest.mark.slow
 def test_fedmix_mean_images_are_marked_in_the_printed_manifest(data_root):
     job = run_here("--data-root", str(data_root), "--algo", "fedmix", "--show-manifest")
     assert job.returncode == 0, job.stderr

@@ -6,6 +6,8 @@ import pytest
 
 from ..conftest import SINGLE_COPY_OFF, launch
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = r'''
 import numpy as np
 import torch

@@ -245,6 +245,7 @@ def test_rscs_guide_reads_the_unmasked_features_of_the_extractor(data_root):
     assert not torch.allclose(logits, model.classifier(unmasked))  # the local head saw masked features
 
 
+@pytest.mark.slow
 def test_a_method_without_a_downloaded_head_refuses_the_guide_before_running(data_root, tmp_path):
     job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--algo", "fedper", "--guide-lambda", "0.5",
                    "--out", str(tmp_path / "run"), "--rounds", "1")
@@ -265,6 +266,7 @@ def test_gperxan_is_the_guide_on_by_default_and_help_says_so():
     assert "[every method; default 0.0, gperxan 0.5]" in " ".join(run_here("--help").stdout.split())
 
 
+@pytest.mark.slow
 def test_two_rounds_of_fedavg_with_the_guide_move_fedavgs_bytes_and_train_otherwise(data_root, tmp_path):
     common = ("--data-root", str(data_root), "--model", "smallcnn", "--algo", "fedavg", "--rounds", "2",
               "--threads", "1", "--lr", "0.05")
