@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-node measurements of docs in README's Benchmark section, in one go, on one node with a GPU:
+# The GPU-node measurements of docs/benchmarks.md, in one go, on one node with a GPU:
 #   1. the used-by command (gPerXAN, ResNet-18, 224 px) under the node's MPI against the same job in one process,
 #      fp32 and bf16 + channels-last; the gPerXAN Table 2 preset (ResNet-50) likewise;
 #   2. client ranks sharing the GPU: python -m mpifl.bench --device cuda --client-ranks 1,2,4,6;

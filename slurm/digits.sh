@@ -12,7 +12,7 @@
 # the partition and account (-p, -A; none is set here), the GPU request (--gpus-per-node;
 # --gres=gpu:N where the site counts GPUs as GRES), --cpus-per-task, --mem-per-cpu and --time
 # to its nodes and limits. Everything else comes from environment variables (slurm/common.sh
-# and README.md "Clusters (Slurm)"): MPIFL_MODULES, MPIFL_VENV, MPIFL_DATA_ROOT, MPIFL_RUNS,
+# and docs/clusters.md, "Slurm"): MPIFL_MODULES, MPIFL_VENV, MPIFL_DATA_ROOT, MPIFL_RUNS,
 # MPIFL_ARGS, MPIFL_LAUNCHER (srun or mpirun), MPIFL_ARRAY (seed, holdout, config).
 # Prepare the data once: python -m mpifl.data prepare digits --src DIR (shards under $MPIFL_DATA_ROOT/digits).
 #SBATCH --job-name=mpifl-digits

@@ -106,7 +106,7 @@ class CCST(FedAvg):
                "shared once")
     options = FedAvg.options + (
         Option("style_model", str, "", "CCST: folder with the AdaIN encoder and decoder, vgg_normalised.pth and "
-               "decoder.pth (never downloaded)"),
+               "decoder.pth (never downloaded; required)"),
         Option("ccst_style", str, "overall", "CCST: the styles shared: overall (each domain's, default) or single "
                "(single images')", choices=KINDS),
         Option("ccst_k", int, 0, "CCST: augmentation level K, the versions of each training image (0: one per "

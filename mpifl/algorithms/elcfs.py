@@ -139,8 +139,8 @@ class ELCFS(FedAvg):
         Option("elcfs_band", float, 0.0, "ELCFS: low-frequency band ratio r, b = floor(min(H, W) r) (0: the "
                "zero frequency alone, authors' code)"),
         Option("elcfs_lambda", str, "one", "ELCFS: interpolation weight: one (the band becomes the other "
-               "client's, authors' code) or uniform (U[0, 1] per image, a continuous interpolation; the paper's "
-               "draw of lambda unchecked)", choices=LAMBDAS),
+               "client's, authors' code) or uniform (U[0, 1] per image, a continuous interpolation; the authors' "
+               "commented-out line draws lambda in {0, 0.1, ..., 0.9}; the paper's draw unchecked)", choices=LAMBDAS),
         Option("elcfs_inner_lr", float, 1e-3, "ELCFS: inner (meta-train) step size beta"),
         Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]"),
         Option("elcfs_order", str, "first", "ELCFS: meta-gradient: first (inner gradient a constant, authors' "

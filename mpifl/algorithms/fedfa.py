@@ -95,7 +95,8 @@ class FedFA(FedAvg):
         Option("fedfa_stats", str, "carry", "FedFA: clients' running statistics at a round start: carry (the "
                "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)", choices=STATS_RULES),
         Option("fedfa_var", str, "layer", "FedFA: the server's variance of client statistics: layer (one value "
-               "over clients and channels, authors' code) or channel (per channel, paper Alg. 1 line 13)", choices=VARIANCE_RULES),
+               "over clients and channels, authors' code: every fusion coefficient is 1) or channel (per channel, "
+               "paper Alg. 1 line 13)", choices=VARIANCE_RULES),
     )
 
     @classmethod

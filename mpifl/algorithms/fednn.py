@@ -99,7 +99,9 @@ class FedNN(FedProx):
     summary = "FedNN: weight-normalized convs, adaptive group norm (BN/GN by Gumbel-softmax), FedAvg or FedProx"
     options = FedProx.options + (
         Option("tau0", float, AGN_TAU0, "FedNN initial AGN temperature, decayed linearly to ~0 over the rounds"),
-        Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies)", choices=BASES),
+        Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies); its lr decay "
+               "and clip are the general --lr-schedule exp --lr-gamma 0.998 --max-grad-norm 10, set by the FedNN "
+               "presets", choices=BASES),
         Option("agn_mix", str, "var", "FedNN AGN: mix BN/GN variances (var, authors' code) or standard "
                "deviations (std, paper eq. 10)", choices=MIXES),
         Option("agn_eval", str, "gumbel", "FedNN AGN selection at evaluation: gumbel (noisy draw, authors' code) "

@@ -128,6 +128,7 @@ class FedProto(FedAvg):
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):
+        super().begin_local(client, model, download)
         self._global = download[PROTOS]
         self._present = download[PRESENT] > 0
         self._sum = torch.zeros(self.classes, self.dim, device=self._global.device)

@@ -14,7 +14,7 @@ Sections 2.3, 3.2-3.3 and Algorithm 1 of the paper.  Per state entry:
   ones sent down;
 * BN ``weight`` and ``bias`` never leave the client (line 19, "do not
   aggregate BN parameters"; section 3.3 "keeping the learned BN parameters
-  local"); ``num_batches_tracked`` stays local too (a step counter, README "How a run works").
+  local"); ``num_batches_tracked`` stays local too (a step counter, docs/design.md, "How a round is computed").
 
 **JSNorm in local training** (section 3.2: "the batch mean mu_B and variance
 sigma_B^2 are adjusted using the James-Stein estimator"; section 2.3: "the
@@ -38,9 +38,9 @@ normalizes with the shrunk global statistics of the download.
   (Khoshsirat & Kambhamettu, WACV 2024).  It is scale-free: a vector of
   channel means centred near 0 keeps about ``2/c`` of its value, so layers
   barely centre their inputs in training.  On real data this trains slowly
-  and its personal models fall far below FedBN's (README "Results on real
-  data"), where ``sampling`` keeps FedStein at or above FedBN as the paper's
-  Table 1 has it; hence the default.
+  and its personal models fall far below FedBN's (docs/results.md, "FedStein
+  and its sigma^2"), where ``sampling`` keeps FedStein at or above FedBN as the
+  paper's Table 1 has it; hence the default.
 
 **What a personal model normalizes with** (Algorithm 1, lines 20-27: each
 user's layer normalizes with the aggregated, shrunk statistics): the
@@ -49,7 +49,7 @@ affine.  Training normalizes with the client's own (shrunk) batch statistics,
 so a domain whose feature statistics sit far from the clients' mean is
 evaluated with statistics its training never used.  This, not the shrinkage
 or the learning rate, is where FedStein's personal accuracy falls behind
-FedBN's on strongly shifted domains (README, "FedStein's instability": the
+FedBN's on strongly shifted domains (docs/results.md, "FedStein's instability": the
 same runs with the server's shrinkage off are level with FedStein, and
 ``fedbn --norm jsbn``, JSNorm training with each client's own statistics,
 is level with FedBN); on Office-Caltech-10, whose domains are all photos,

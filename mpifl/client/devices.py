@@ -1,4 +1,4 @@
-"""Node-local GPU binding, per-rank CPU threads and deterministic GPU kernels (README, "How a run works")."""
+"""Node-local GPU binding, per-rank CPU threads and deterministic GPU kernels (docs/design.md, "How a round is computed")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A client rank: hosts a fixed set of logical clients for the whole run.
 
-Each round (README, "How a run works"): receive the download, evaluate every hosted client if asked
+Each round (docs/design.md, "One round"): receive the download, evaluate every hosted client if asked
 (scalars only), train the hosted clients of the round one after the other in id order, post each one's
 summed upload to rank 0 as soon as it is trained (it leaves at once if rank 0 is receiving it, else at a
 later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0 folds them while this rank trains the next),

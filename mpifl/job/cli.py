@@ -33,7 +33,8 @@ _HELP = {
     "data_root": "directory holding <data>/<domain>.h5 shards (env MPIFL_DATA_ROOT)",
     "model": "network (auto: the dataset's usual one, digitmodel for styledigits/digits, resnet18 for "
              "PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): "
-             + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items()),
+             + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items())
+             + "; each is built with the normalization and conv kind its method asks for",
     "norm": "normalization layers: auto (the method's own: bn for most, perxan gperxan, jsbn fedstein, agn "
             "fednn, none fedwon, gn/ln fedavg-gn/-ln), or one of bn, gn, ln, in, none, perxan, agn, jsbn, ibn "
             "(IBN-Net's IBN-a: IN on half the channels, BN on the rest; DenseNet: IN on the last 40 %), dson "
@@ -41,11 +42,12 @@ _HELP = {
             "kind refuses the others",
     "norm_blocks": "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all for perxan and "
                    "dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet block bn1, "
-                   "every third DenseNet norm1), "
-                   "all, or N (the stem and the first N stages); gperxan's --perxan-blocks is the same",
+                   "every third DenseNet norm1, MobileNetV2 each block's first norm, plain CNNs and U-Net every conv "
+                   "norm; the stem stays BN), all, or N (the stem and the first N stages); gperxan's "
+                   "--perxan-blocks is the same",
     "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
                   "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
-                  "normalized with ImageNet's mean and std",
+                  "then normalized with ImageNet's mean and std (--input-norm auto)",
     "rounds": "communication rounds",
     "local_epochs": "local epochs per round (E)",
     "batch_size": "local mini-batch size (B)",
@@ -55,7 +57,7 @@ _HELP = {
     "seg_loss": "training loss of a segmentation dataset: dice (FedRDN's paper) or dice-ce, (CE + Dice) / 2 (the "
                 "HarmoFL and FedFA prostate code); a classification dataset trains with cross-entropy",
     "optimizer": "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation setting: --lr 1e-3 "
-                 "--weight-decay 1e-4)",
+                 "--weight-decay 1e-4; --momentum is refused with it)",
     "lr_schedule": "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp (lr gamma^(r-1); "
                    "FedNN: gamma 0.998), step (lr gamma^floor((r-1)/--lr-step)), or cosine (lr_min + (lr - lr_min)"
                    "(1 + cos(pi r/R))/2, gPerXAN's code: round R trains at --lr-min, later rounds too)",
@@ -64,26 +66,32 @@ _HELP = {
     "lr_min": "learning rate --lr-schedule cosine reaches in round R",
     "schedule_rounds": "R, the rounds that schedules over the run span (--lr-schedule cosine, FixBN's default "
                        "switch, FedNN's temperature); 0 = --rounds. Stored in config.json: a run resumed with more "
-                       "--rounds keeps them",
+                       "--rounds keeps them (each schedule stays at its round-R value after R)",
     "max_grad_norm": "clip every local step's gradient to this L2 norm over all parameters, after the method's "
                      "corrections (FedNN's code: 10, for every method); 0 = off",
-    "keep_optimizer": "keep each client's optimizer state (SGD momentum, Adam moments) from one of its rounds to "
-                      "its next, as private state: checkpointed, never sent (default: a fresh optimizer each round)",
+    "keep_optimizer": "keep each client's optimizer state (SGD momentum; Adam moments and steps) from one of its "
+                      "rounds to its next, as gPerXAN's code and FixBN's paper do: private state, checkpointed, never "
+                      "sent (default: a fresh optimizer each round; refused by the methods whose rule assumes one: "
+                      + ", ".join(n for n, c in ALGORITHMS.items() if c.fresh_optimizer) + ")",
     "clients_per_domain": "clients per domain (K): 1 = cross-silo; K > 1 splits each domain into K clients",
     "num_clients": "total clients N dealt over the domains in turn (FedWon's sweep; label skew with --dirichlet); "
                    "0 = clients-per-domain x domains",
-    "dirichlet": "split each domain among its clients by class proportions drawn from Dir(ALPHA) (label skew); "
-                 "0 = even random split",
+    "dirichlet": "split each domain among its clients by class proportions drawn from Dir(ALPHA) (label skew), "
+                 "the same proportions for train, val and test; 0 = even random split",
     "samples_per_client": "keep a seeded subset of S training images per client (equal-size training sets); 0 = all",
     "percent": "keep a seeded fraction P of each client's training images (FedBN's --percent; its 10 Digits-Five "
                "partitions of 743 images: --percent 0.1 is about one, --samples-per-client 743 exactly one)",
     "fraction": "fraction C of clients sampled per round (at least one), seeded",
     "holdout": "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images with the global "
-               "model; 'all' runs every fold in turn",
+               "model; 'all' runs every fold in turn into <out>/holdout-<domain> and writes a fold table to "
+               "<out>/summary.md",
     "input_norm": "input normalization with --aug none: auto (the default: imagenet with --pretrained, else "
-                  "pooled), pooled (mean/std over the train images of every domain in the dataset), domain (each domain's own train mean/std), fixed (the dataset's "
-                  "reference-code constants: 0.5/0.5 Digits-Five, 0/1 Office-Caltech-10 and DomainNet-10, as "
-                  "FedBN's code) or imagenet (ImageNet mean/std, for pre-trained backbones)",
+                  "pooled; config.json stores the mode it resolves to), pooled (mean/std over the train images of "
+                  "every domain in the dataset build), domain (each domain's own train mean/std, a held-out "
+                  "domain's too), fixed (the dataset's reference-code constants: 0.5/0.5 Digits-Five, 0/1 "
+                  "Office-Caltech-10 and DomainNet-10, as FedBN's code; mean 0, std 1/255 on prostate, the "
+                  "unscaled 0..255 of FedFA's and HarmoFL's loaders) or imagenet (ImageNet mean/std, for "
+                  "pre-trained backbones)",
     "aug": "input normalization plug-in for any algorithm: none (dataset normalization), norm (each client's own "
            "channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in training, own at test), "
            "fedrdn-v (all clients' average)",
@@ -92,37 +100,47 @@ _HELP = {
     "aug_stats": "images a client's own statistics (--aug norm/fedrdn/fedrdn-v) are computed on: augmented (one "
                  "pass through --train-transforms, as the authors' code computes them through its training "
                  "loader) or raw (the stored training images)",
-    "train_transforms": "training augmentations, in batch on the device: comma list of flip, rotate (+-30 deg, "
-                        "FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation 0.4), "
-                        "jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none",
+    "train_transforms": "training augmentations, in batch on the device before normalization, per-image "
+                        "parameters from the client's seeded generator: comma list of flip, rotate (+-30 deg, "
+                        "nearest pixel, FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
+                        "0.4), jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none; on a "
+                        "segmentation task flip, rotate and crop move each mask with its image (rotation fills it "
+                        "with background 0, crop reflects it), colour jitters leave masks alone",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
     "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "
                  "(clients' post-training local models' validation accuracy weighted by training samples, gPerXAN's "
-                 "code) or auto (the method's own: local-val for gperxan, else val-mean)",
+                 "code; recorded as train.local_val_acc) or auto (the method's own: local-val for gperxan, else "
+                 "val-mean); summary.csv's selection column names the rule",
     "eval_batch_size": "batch size for evaluation",
     "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
                     "block ahead, instead of keeping them in (device) memory",
     "private_memory": "GiB of its clients' private state a client rank keeps in (device) memory; beyond it the "
                       "least recently used clients' state goes to files under $TMPDIR until they train again "
-                      "(results are identical; 0 keeps only the client in use)",
-    "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>)",
+                      "(results are identical; 0 keeps only the client in use); that state (personal entries, control "
+                      "variates, kept optimizer state) is created when a client first trains",
+    "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one run: a "
+           "directory holding a run's files, inside another run's, or in use by a live run is refused",
     "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
     "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
     "precision": "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast (weights, gradients "
-                 "and aggregation stay fp32; fp16 scales the loss)",
+                 "and aggregation stay fp32; fp16 scales the loss and unscales before the method's gradient "
+                 "hooks); for GPUs: bf16 on a CPU is much slower than fp32",
     "channels_last": "store conv weights and images NHWC (faster with tensor cores)",
     "compile": "torch.compile each client rank's feature extractor (minutes of compiling once per rank; pays off "
                "on GPUs over long runs)",
-    "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms, cuBLAS workspace, cuDNN): a GPU "
-                     "run then repeats bit for bit, over any number of ranks, at some cost in speed; CPU runs "
-                     "always do",
+    "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace, "
+                     "cuDNN without benchmarking, global average pooling as a mean): a GPU run then repeats bit for "
+                     "bit, over any number of ranks, as CPU runs always do; a model needing a kernel with no "
+                     "deterministic GPU version is refused in one line (cost measured: none visible on an H200, "
+                     "docs/benchmarks.md)",
     "gpu_buffers": "where a GPU rank's messages live: auto (on the GPU when the MPI library is CUDA-aware, else "
-                   "pinned host memory), pinned, or device (for a CUDA-aware MPI that cannot say so)",
-    "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1 or "
-                  "SIGTERM stops the run, which always checkpoints)",
-    "round_timeout": "fail the job when a rank has not answered for this many seconds (a hang); must exceed the "
-                     "longest round; 0 = wait forever",
+                   "pinned host memory; asked with MPIX_Query_cuda_support), pinned, or device (for a CUDA-aware MPI "
+                   "that cannot say so: Cray MPICH, MVAPICH2-GDR; refused when the library says no)",
+    "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1, "
+                  "SIGTERM or a first Ctrl-C stops the run, which always checkpoints)",
+    "round_timeout": "fail the job, with one line naming the rank, its pid and host, when a rank has not "
+                     "answered for this many seconds (a hang); must exceed the longest round; 0 = wait forever",
 }
 
 def _core_options() -> list[click.Option]:
@@ -256,7 +274,9 @@ def command() -> click.Command:
                           "config.json: only " + ", ".join(map(_flag, RESUMABLE)) + " may change (options "
                           "given again with the run's values are accepted; a real change is refused, named)"),
         click.Option(["--show-manifest"], is_flag=True, default=False,
-                     help="print every tensor sent each way with shape, dtype and bytes per round, then exit"),
+                     help="print every tensor sent each way with shape, dtype and bytes per client and round, the "
+                          "one-time exchanges, and 'data-derived' on each computed from the clients' data (under "
+                          "--holdout all each fold's), then exit"),
         click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,
                      callback=lambda ctx, _, v: v and (click.echo(f"mpifl {__version__}") or ctx.exit()),
                      help="print the version and exit"),

@@ -3,7 +3,7 @@
 ``build_model`` builds a registered model (``MODEL_NAMES``) with a chosen
 normalization (``NORM_KINDS``) and convolution (``CONV_KINDS``);
 ``state_entries`` classifies its state-dict entries for share policies
-(README, "Algorithms").  The papers' layers and functions:
+(docs/methods.md, "What a method reads").  The papers' layers and functions:
 
 * FedWon: :class:`WSConv2d` (``conv="ws"``), :func:`adaptive_clip_` (AGC);
 * FedNN: :class:`WNConv2d` (``conv="wn"``), :class:`AdaptiveGroupNorm`

@@ -1,8 +1,8 @@
 """State-dict entries classified by the module that owns them.
 
-Share policies (README, "Algorithms") are rules over state-dict entries:
+Share policies (docs/methods.md, "What a method reads") are rules over state-dict entries:
 "FedBN: every BN entry stays local", "SiloBN: BN running statistics stay
-local", "``num_batches_tracked`` is never averaged" (README, "How a run works").
+local", "``num_batches_tracked`` is never averaged" (docs/design.md, "How a round is computed").
 :func:`state_entries` gives one :class:`StateEntry` per key of
 ``model.state_dict()``, in that order, with the kind of the owning module.
 

@@ -1,7 +1,7 @@
 """Model registry: ``--model NAME`` -> a built ``nn.Module``.
 
 Every model follows one protocol (algorithms pick the norm and share by
-state-dict key, README "Algorithms"): ``encode(x)`` returns the (B, D) features
+state-dict key, docs/methods.md, "What a method reads"): ``encode(x)`` returns the (B, D) features
 before the final classifier, ``classifier`` is that final ``nn.Linear``, and
 ``forward(x) == classifier(encode(x))``; the segmentation ``unet`` gives (B, D, H, W)
 maps and a 1x1 conv ``classifier`` (per-pixel logits).  Weights use torch's default

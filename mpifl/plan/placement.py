@@ -1,4 +1,4 @@
-"""Fixed placement of logical clients on client ranks (README, "How a run works").
+"""Fixed placement of logical clients on client ranks (docs/design.md, "How a round is computed").
 
 Clients are placed once, balanced by training-sample count, and never move.
 The rule is the classic longest-processing-time greedy: take clients from

@@ -1,6 +1,6 @@
 """Random streams derived from the run seed, never from the rank.
 
-Rank-count invariance (README, "Determinism") needs every random draw to depend only on
+Rank-count invariance (docs/design.md, "Determinism") needs every random draw to depend only on
 what it is for: the server's client sampling on (seed, round), a client's
 shuffling, augmentation and dropout on (seed, client, round), the data
 partition on (seed, domain).  Each purpose has its own tag so streams never

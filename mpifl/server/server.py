@@ -1,6 +1,6 @@
 """Rank 0: global state, client sampling, aggregation, checkpoints and the run log.
 
-Round r (README, "How a run works"): sample the clients, broadcast the header and the download, fold the
+Round r (docs/design.md, "One round"): sample the clients, broadcast the header and the download, fold the
 clients' uploads into the algorithm's sums as they arrive, while the clients train
 (:mod:`mpifl.algorithms.core.reduction`), gather the clients' records and small uploads, aggregate.  A method
 whose sums' coefficients need what training returned (:attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)
@@ -27,7 +27,8 @@ import numpy as np
 from ..algorithms import Folding, Reduction, Uploads
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
-from ..rundir.checkpoint import SERVER_FILE, Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
+from ..rundir.checkpoint import Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
+from ..rundir.names import SERVER_FILE
 from ..session.protocol import RoundPlan, RoundProtocol
 from ..session.session import Session
 from ..transport.buffers import ReusedBuffer

@@ -1,7 +1,7 @@
 """The round protocol: which message a run sends when, and what every rank does with it.
 
 A run from round ``start`` (0, or the round a checkpoint holds) to ``R`` sends one message per round
-``r = start+1 .. R``, then a final one (``r = R+1``); README's "How a run works" draws one round.  Each
+``r = start+1 .. R``, then a final one (``r = R+1``); docs/design.md ("One round") draws one round.  Each
 message is a broadcast from rank 0 (header + the algorithm's download) answered by one gather (every
 client rank's timings, evaluations and uploads).  Its header says:
 

@@ -1,7 +1,7 @@
 """Flat wire buffers: a fixed list of named tensors packed into one byte buffer.
 
 Every exchange in mpifl moves one contiguous ``uint8`` buffer per direction
-(README, "How a run works"): no pickling, no per-tensor messages.  A :class:`WireLayout` is the
+(docs/design.md, "How a round is computed"): no pickling, no per-tensor messages.  A :class:`WireLayout` is the
 agreed order of the tensors in that buffer.  Both ends build the same layout
 from the same specs, so only raw bytes travel.
 

@@ -27,14 +27,14 @@ def _args(data_root, out, *extra):
 
 
 def pids(run) -> dict[int, str]:
-    """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how README finds a rank by its pid."""
+    """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how docs/faults.md finds a rank by its pid."""
     lines = [line for line in (run / "log.txt").read_text().splitlines() if line.startswith("rank ")]
     return {int(line.split()[1]): line.split("(pid ")[1].split()[0] for line in lines}
 
 
 def test_a_rank_killed_like_by_the_oom_killer_ends_the_job_promptly_and_the_log_maps_ranks_to_pids(data_root,
                                                                                                    tmp_path):
-    """No rank can say which one died: MPICH ends the others within milliseconds (README, Faults, says how to find
+    """No rank can say which one died: MPICH ends the others within milliseconds (docs/faults.md, "Faults, one by one", says how to find
     it from the pid the kernel or the launcher names); the job must end promptly, its checkpoint intact."""
     run = tmp_path / "r"
     job = launch(3, *_args(data_root, run, "--ckpt-every", "1"), env={"MPIFL_FAULT": "kill:rank=2,round=3"},
@@ -106,7 +106,7 @@ def _started(command: list[str], run) -> subprocess.Popen:
 ])
 def test_a_stop_signal_checkpoints_the_whole_job_says_so_once_and_exits_75(data_root, tmp_path, signum, to, said):
     if signum == signal.SIGINT and open_mpi():
-        pytest.skip("Open MPI's mpirun does not forward Ctrl-C: it ends the job itself (README, Faults)")
+        pytest.skip("Open MPI's mpirun does not forward Ctrl-C: it ends the job itself (docs/faults.md)")
     run = tmp_path / "r"
     proc = _started([*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run)], run)
     try:

@@ -1,41 +1,38 @@
 """The algorithm interface: what a federated method shares, keeps, trains and aggregates.
 
 A method is a subclass of :class:`Algorithm` that overrides only what differs
-from FedAvg.  The runtime owns the loop; the method supplies:
+from FedAvg.  The runtime owns the loop and calls the method's hooks;
+:data:`mpifl.algorithms.core.hooks.HOOKS` is their contract, one entry per
+public method: on which rank the runtime calls it, when, whether an override
+must call ``super()``, and whether a method overrides it at all (a helper)
+(``tests/algorithms/core/test_hooks.py`` checks it against this class, the
+method files and the runtime).  What a method states through them:
 
 * **the model** it needs: ``norm`` (the normalization layer kind, which
   ``--norm`` overrides unless the method lists the kinds its rule works with
-  in ``norms``) and ``conv`` (the convolution kind), see ``mpifl.models.norm``;
-* **its share policy, as data**: :meth:`shares` (which model state entries go
-  down), :meth:`sends_back` (which of those come back up; default all),
-  :meth:`extra_download`, :meth:`extra_upload` and :meth:`extra_private`
-  (tensors beyond the model: control variates, statistics ...).
+  in ``norms``) and ``conv`` (the convolution kind), see ``mpifl.models.norm``,
+  plus the layers it inserts (:meth:`adapt_model`, e.g. MixStyle);
+* **its share policy, as data**: which model state entries go down
+  (:meth:`shares`) and which of those come back up (:meth:`sends_back`),
+  and tensors beyond the model (:meth:`extra_download`, :meth:`extra_upload`,
+  :meth:`extra_private`: control variates, statistics ...).
   :meth:`policy` turns these into the wire manifest; the runtime moves
   exactly those tensors and nothing else.  A method with stages returns its
   stage from :meth:`phase_of`; the rules may read ``self.phase``, and a model
   entry that is sent down but not back is *adopted*: every client stores the
   received value as its own from then on (FixBN freezing BN statistics);
-* **its model changes** beyond those two: :meth:`adapt_model` (layers a method
-  inserts, e.g. MixStyle);
-* **client hooks**: :meth:`make_optimizer`, :meth:`begin_local`,
-  :meth:`local_epochs` and :meth:`trainable` (which parameters train in
-  which local epoch: freezing), :meth:`batch_loss` (by default
-  cross-entropy plus :meth:`extra_loss`), :meth:`after_backward`,
-  :meth:`end_local`, :meth:`score_local` (the model as downloaded and as
-  trained, scored on the client's own splits), and :meth:`personalize`
-  (fine-tuning before a personal model is evaluated);
+* **its local training**: the client hooks from :meth:`begin_local` to
+  :meth:`end_local` (optimizer, epochs, freezing, loss, gradient corrections,
+  what goes up beyond the model), and :meth:`personalize` (fine-tuning before
+  a personal model is evaluated);
 * **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.core.guide`), which every method
   takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
-  lambda L(h_g(features), y), L the task's loss; a method overriding either calls ``super()`` (one with its own
-  :meth:`batch_loss` adds :meth:`plus_extra`), and sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
-* **a one-time exchange** before round 1, if any: :meth:`setup_exchange`,
-  :meth:`setup_contribution`, :meth:`setup_received` (FedMix's mean images), then
-  :meth:`training_data`, a training set rebuilt from what was received (CCST's stylized images);
-* **the server rule**, as a reduction (:mod:`mpifl.algorithms.core.reduction`): :meth:`init_server`,
-  :meth:`download`, then per round :meth:`prepare` (from the entries named in :meth:`gathered_keys`,
-  which rank 0 receives from every client), :meth:`reductions` (the weighted sums it needs of the other
-  uploads, folded as they arrive) and :meth:`aggregate` (the new global state from those sums; a
-  gathered entry's value: :meth:`combine`);
+  lambda L(h_g(features), y), L the task's loss; a method sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
+* **a one-time exchange** before round 1, if any (FedMix's mean images), and
+  a training set rebuilt from what was received (CCST's stylized images);
+* **the server rule**, as a reduction (:mod:`mpifl.algorithms.core.reduction`): the weighted sums it needs of
+  the uploads (:meth:`reductions`), folded as they arrive, the small entries rank 0 receives from every
+  client whole (:meth:`gathered_keys`), and the new global state from those (:meth:`aggregate`);
 * **what it evaluates**: ``evaluates`` lists "global" (the model rebuilt from
   the download) and/or "personal" (the download plus the client's private
   state).

@@ -50,8 +50,9 @@ NAME = "guide_lambda"  # the option every method takes (Algorithm.__init_subclas
 def guide_option(default: float) -> Option:
     """``--guide-lambda`` with a method's default."""
     return Option(NAME, float, default, "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the "
-                  "task's loss (CE; Dice on segmentation), h_g the downloaded classifier frozen (gPerXAN, Le et "
-                  "al. 2024, eqs. 3-4); for any method whose download holds the classifier; 0 = off")
+                  "task's loss (CE; on segmentation Dice, or (CE + Dice)/2 with --seg-loss dice-ce), h_g the "
+                  "downloaded classifier frozen (gPerXAN, Le et al. 2024, eqs. 3-4); for any method whose download "
+                  "holds the classifier, refused in one line by the others; 0 = off")
 
 
 def with_guide(options: tuple[Option, ...], default: float) -> tuple[Option, ...]:
