@@ -62,7 +62,7 @@ _NAMES_METHODS = re.compile(r"\[[^\[\]]*\bdefault\b[^\[\]]*\]$")  # cli's "[fedp
 def _cell(text: str) -> str:
     """One table cell: one line, with the characters Markdown would take for table or HTML syntax escaped."""
     text = " ".join(text.split())
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
 
 
 def _code(text: str) -> str:

@@ -14,10 +14,10 @@ from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
-from mpifl.plan.config import RunConfig
+from mpifl.plan.config import CORE_KEYS, RESUMABLE, RunConfig
 from mpifl.run import main
 from mpifl.rundir.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
-                                  save_clients, save_server, verify)
+                                    save_clients, save_server, verify)
 
 from ..conftest import TIMING_KEYS, launch, read_metrics, run_here, run_in_process
 from .test_directory import one_error, snapshot
@@ -233,6 +233,27 @@ def test_a_resume_with_more_rounds_keeps_the_schedules_of_the_rounds_the_run_sta
     with pytest.raises(MpiflError, match=r"changes --schedule-rounds 10 \(the run has 4\)"):
         _build("--resume", str(tmp_path), "--rounds", "10", "--schedule-rounds", "10")
     assert identity(resumed)["schedule_rounds"] == 4  # and a checkpoint records it
+
+
+def test_one_list_says_what_a_resume_may_change_and_the_rest_is_the_checkpoints_identity(tmp_path):
+    """RESUMABLE is the one list: --resume's help names exactly its options, the checkpoint records every other
+    option (method options too, not --out), a change of a resumable one is accepted and any other refused."""
+    assert set(identity(_cfg())) == (set(CORE_KEYS) - set(RESUMABLE) - {"out"}) | {"mu"}
+    help_text = next(p.help for p in main.params if p.name == "resume")
+    named = help_text.split("only ", 1)[1].split(" may change", 1)[0].split(", ")
+    assert named == ["--" + key.replace("_", "-") for key in RESUMABLE]
+    commit_to = tmp_path / "checkpoint"
+    commit_to.mkdir()
+    commit(tmp_path, Checkpoint(round=2, clients=5, ranks={1: [0]}, pending=None, identity=identity(_cfg()), files={}))
+    moved = _cfg(threads=3, rounds=50, data_root="elsewhere", deterministic=True, out="moved")
+    assert load(tmp_path, moved, 5).round == 2
+    with pytest.raises(MpiflError, match="another run .*lr 0.01 vs 0.1"):
+        load(tmp_path, _cfg(lr=0.1), 5)
+    first = _build("--algo", "fedprox", "--rounds", "4", "--out", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(first.to_flat()))
+    assert _build("--resume", str(tmp_path), "--threads", "2", "--deterministic").threads == 2
+    with pytest.raises(MpiflError, match=r"changes --precision bf16 \(the run has fp32\)"):
+        _build("--resume", str(tmp_path), "--precision", "bf16")
 
 
 @pytest.mark.slow
