@@ -118,23 +118,9 @@ def data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def style_model(tmp_path_factory) -> Path:
-    """A folder with randomly initialised AdaIN weights in the files CCST's ``--style-model`` reads: He
-    initialisation, zero biases and 0.5 on the output's, so that features and images keep their scale (torch's
-    default initialisation shrinks the decoder's output to about 0: every stylization would be black)."""
-    import torch
-
-    from mpifl.models.adain import DECODER_FILE, ENCODER_FILE, build_decoder, build_encoder
-    folder = tmp_path_factory.mktemp("style-model")
-    torch.manual_seed(0)
-    for network, name in ((build_encoder(), ENCODER_FILE), (build_decoder(), DECODER_FILE)):
-        convs = [m for m in network if isinstance(m, torch.nn.Conv2d)]
-        for conv in convs:
-            torch.nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
-            torch.nn.init.zeros_(conv.bias)
-        if name == DECODER_FILE:
-            torch.nn.init.constant_(convs[-1].bias, 0.5)
-        torch.save(network.state_dict(), folder / name)
-    return folder
+    """A folder with randomly initialised AdaIN weights in the files CCST's ``--style-model`` reads."""
+    from mpifl.models.adain import save_random_style_model
+    return save_random_style_model(tmp_path_factory.mktemp("style-model"))
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

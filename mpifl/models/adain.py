@@ -122,3 +122,22 @@ def load_style_model(folder: str | Path, device: torch.device | str = "cpu") -> 
                              "differ); use the file the AdaIN code distributes")
         network.load_state_dict({k: state[k] for k in own})
     return StyleModel(encoder, decoder).to(device)
+
+
+def save_random_style_model(folder: str | Path, seed: int = 0) -> Path:
+    """Random AdaIN weights in the files :func:`load_style_model` reads, for runs without the published ones (the
+    tests, ``launch/fingerprint.py``): He initialisation, zero biases and 0.5 on the output's, so that features
+    and images keep their scale (torch's default initialisation shrinks the decoder's output to about 0: every
+    stylization would be black)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for network, name in ((build_encoder(), ENCODER_FILE), (build_decoder(), DECODER_FILE)):
+        convs = [m for m in network if isinstance(m, nn.Conv2d)]
+        for conv in convs:
+            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu", generator=generator)
+            nn.init.zeros_(conv.bias)
+        if name == DECODER_FILE:
+            nn.init.constant_(convs[-1].bias, 0.5)
+        torch.save(network.state_dict(), folder / name)
+    return folder

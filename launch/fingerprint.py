@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""A fingerprint of every algorithm's numbers, to show that a change of code leaves results bit for bit.
+
+    python launch/fingerprint.py OUT [ALGO ...]          # this checkout: every algorithm (or those named)
+    git worktree add ../before main && python launch/fingerprint.py OUT2 --code ../before
+    diff OUT/fingerprints.json OUT2/fingerprints.json
+
+Each algorithm runs 2 rounds in one process (no launcher), ``--seed 0 --threads 1``, on the generated
+styledigits set with ``smallcnn``: 10 clients (2 per domain), half of them per round, 64 training images each,
+an evaluation every round and a checkpoint after the last (CCST on random AdaIN weights, one stylized version
+of 32 images per client).  Its fingerprint is the sha256 of its ``metrics.jsonl`` without the timing and memory
+fields, and of every tensor of its last checkpoint: the server's state and each client's private state.  The
+numbers are those of the checkout ``--code`` names (default: the one this script is in), whose
+``python -m mpifl.run`` runs them; the fingerprints are computed here, so two checkouts of different layouts
+compare.  An algorithm whose run fails is recorded as ``failed: <its last line>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: What a method needs to run small: FixBN switches stage, FedBABU fine-tunes one epoch, CCST stylizes little.
+OWN_OPTIONS = {"fixbn": ["--fixbn-stage-rounds", "1"], "fedbabu": ["--fedbabu-finetune-epochs", "1"],
+               "ccst": ["--ccst-k", "1", "--samples-per-client", "32"]}
+UNTIMED = ("seconds", "rank_seconds", "memory")  # what differs from one run of the same numbers to the next
+
+
+def run_args(algo: str, data_root: Path, out: Path, style_model: Path) -> list[str]:
+    own = OWN_OPTIONS.get(algo, [])
+    images = [] if "--samples-per-client" in own else ["--samples-per-client", "64"]
+    style = ["--style-model", str(style_model)] if algo == "ccst" else []
+    return ["--algo", algo, "--data-root", str(data_root), "--model", "smallcnn", "--out", str(out),
+            "--rounds", "2", "--seed", "0", "--threads", "1", "--lr", "0.05", "--momentum", "0.9",
+            "--clients-per-domain", "2", "--fraction", "0.5", "--eval-every", "1", "--ckpt-every", "2",
+            *images, *style, *own]
+
+
+def untimed(record):
+    if isinstance(record, dict):
+        return {k: untimed(v) for k, v in record.items() if k not in UNTIMED}
+    if isinstance(record, list):
+        return [untimed(v) for v in record]
+    return record
+
+
+def _hash_state(digest, name: str, value) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+        digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            _hash_state(digest, f"{name}/{key}", value[key])
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _hash_state(digest, f"{name}[{i}]", item)
+    else:
+        digest.update(f"{name}={value!r}".encode())
+
+
+def fingerprint(run: Path) -> str:
+    """sha256 of the run's untimed records and of every tensor in its last checkpoint, in a fixed order."""
+    import torch
+
+    from mpifl.rundir.names import CHECKPOINT, METRICS
+    digest = hashlib.sha256()
+    records = [untimed(json.loads(line)) for line in (run / METRICS).read_text().splitlines()]
+    digest.update(json.dumps(records, sort_keys=True).encode())
+    for path in sorted((run / CHECKPOINT).rglob("*")):
+        if path.suffix == ".pt":
+            _hash_state(digest, path.name, torch.load(path, map_location="cpu", weights_only=True))
+        elif path.suffix == ".zip":
+            with zipfile.ZipFile(path) as archive:
+                for member in sorted(archive.namelist()):
+                    state = torch.load(io.BytesIO(archive.read(member)), map_location="cpu", weights_only=True)
+                    _hash_state(digest, f"{path.name}:{member}", state)
+    return digest.hexdigest()[:16]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="a new folder: data, runs and fingerprints.json go there")
+    parser.add_argument("algos", nargs="*", help="the algorithms (default: every registered one)")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose numbers (default: this one)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from mpifl.models.adain import save_random_style_model
+
+    if args.out.exists():
+        sys.exit(f"fingerprint: {args.out} exists; pass a new folder")
+    code = args.code.resolve()
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    registered = subprocess.run([sys.executable, "-c", "from mpifl.algorithms import ALGORITHMS; print(*ALGORITHMS)"],
+                                cwd=code, env=env, capture_output=True, text=True, check=True).stdout.split()
+    unknown = [a for a in args.algos if a not in registered]
+    if unknown:
+        sys.exit(f"fingerprint: unknown algorithm {', '.join(unknown)}; choose from {', '.join(registered)}")
+    out = args.out.resolve()
+    style_model = save_random_style_model(out / "style-model")
+    prints = {}
+    for algo in args.algos or registered:
+        run = out / "runs" / algo
+        job = subprocess.run([sys.executable, "-m", "mpifl.run", *run_args(algo, out / "data", run, style_model)],
+                             cwd=code, env=env, capture_output=True, text=True)
+        last = (job.stderr.strip().splitlines() or [f"exit {job.returncode}"])[-1]
+        prints[algo] = fingerprint(run) if job.returncode == 0 else f"failed: {last}"
+        print(f"{algo} {prints[algo]}", flush=True)
+    (out / "fingerprints.json").write_text(json.dumps(prints, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""launch/fingerprint.py: the same numbers give the same fingerprint, whatever the timings; one changed number or
+tensor gives another."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+SCRIPT = REPO / "launch" / "fingerprint.py"
+
+
+@pytest.fixture(scope="module")
+def fingerprint():
+    """launch/ is not a package: load launch/fingerprint.py as a module."""
+    spec = importlib.util.spec_from_file_location("mpifl_launch_fingerprint", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tensor(fingerprint, tmp_path):
+    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "fedbn"], capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr
+    (name, value), = json.loads((tmp_path / "out" / "fingerprints.json").read_text()).items()
+    run = tmp_path / "out" / "runs" / "fedbn"
+    assert name == "fedbn" and fingerprint.fingerprint(run) == value
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+
+    def rewrite(last: dict) -> str:
+        metrics.write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+        return fingerprint.fingerprint(run)
+
+    record = json.loads(lines[-1])
+    record["seconds"]["round"] *= 2  # another run of the same numbers
+    record["memory"]["peak_rss"][0] += 4096
+    assert rewrite(record) == value
+    record["train"]["loss"] = math.nextafter(record["train"]["loss"], math.inf)  # one ulp
+    assert rewrite(record) != value
+    metrics.write_text("\n".join(lines) + "\n")
+    (rank_file,) = (run / "checkpoint").rglob("rank-*.zip")  # a client's private BN statistics, one ulp moved
+    with zipfile.ZipFile(rank_file) as archive:
+        members = {member: archive.read(member) for member in archive.namelist()}
+    member = next(m for m in members if m.startswith("client-"))
+    state = torch.load(io.BytesIO(members[member]), weights_only=True)
+    key = next(k for k in state if k.endswith("running_mean"))
+    state[key][0] = torch.nextafter(state[key][0], torch.tensor(float("inf")))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    members[member] = buffer.getvalue()
+    with zipfile.ZipFile(rank_file, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    assert fingerprint.fingerprint(run) != value
+
+
+def test_an_existing_folder_and_an_unknown_algorithm_are_refused(tmp_path):
+    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert job.returncode == 1 and job.stderr == f"fingerprint: {tmp_path} exists; pass a new folder\n"
+    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "x"), "fedfoo"], capture_output=True, text=True)
+    assert job.returncode == 1 and job.stderr.startswith("fingerprint: unknown algorithm fedfoo; choose from ")
