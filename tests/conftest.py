@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -121,6 +122,14 @@ def style_model(tmp_path_factory) -> Path:
     """A folder with randomly initialised AdaIN weights in the files CCST's ``--style-model`` reads."""
     from mpifl.models.adain import save_random_style_model
     return save_random_style_model(tmp_path_factory.mktemp("style-model"))
+
+
+def launch_script(name: str):
+    """``launch/<name>.py`` as a module (launch/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"mpifl_launch_{name}", REPO / "launch" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

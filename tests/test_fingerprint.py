@@ -3,7 +3,6 @@ tensor gives another."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -14,7 +13,7 @@ import zipfile
 import pytest
 import torch
 
-from .conftest import REPO
+from .conftest import REPO, launch_script
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "launch" / "fingerprint.py"
@@ -22,11 +21,7 @@ SCRIPT = REPO / "launch" / "fingerprint.py"
 
 @pytest.fixture(scope="module")
 def fingerprint():
-    """launch/ is not a package: load launch/fingerprint.py as a module."""
-    spec = importlib.util.spec_from_file_location("mpifl_launch_fingerprint", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return launch_script("fingerprint")
 
 
 def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tensor(fingerprint, tmp_path):
@@ -65,8 +60,11 @@ def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tenso
     assert fingerprint.fingerprint(run) != value
 
 
-def test_an_existing_folder_and_an_unknown_algorithm_are_refused(tmp_path):
-    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
-    assert job.returncode == 1 and job.stderr == f"fingerprint: {tmp_path} exists; pass a new folder\n"
-    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "x"), "fedfoo"], capture_output=True, text=True)
-    assert job.returncode == 1 and job.stderr.startswith("fingerprint: unknown algorithm fedfoo; choose from ")
+def test_an_existing_folder_and_an_unknown_algorithm_are_refused(fingerprint, tmp_path, monkeypatch):
+    for args, line in (([str(tmp_path)], f"fingerprint: {tmp_path} exists; pass a new folder"),
+                       ([str(tmp_path / "x"), "fedfoo"], "fingerprint: unknown algorithm fedfoo; choose from ")):
+        monkeypatch.setattr(sys, "argv", ["fingerprint.py", *args])
+        with pytest.raises(SystemExit) as refused:
+            fingerprint.main()
+        assert refused.value.code.startswith(line)
+    assert not (tmp_path / "x").exists()

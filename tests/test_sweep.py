@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import re
@@ -14,18 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, mpirun_path, read_metrics
+from .conftest import REPO, launch_script, mpirun_path, read_metrics
 
 SWEEP = REPO / "launch" / "sweep.py"
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    """launch/ is not a package: load launch/sweep.py as a module."""
-    spec = importlib.util.spec_from_file_location("mpifl_launch_sweep", SWEEP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return launch_script("sweep")
 
 
 def run_sweep(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
