@@ -3,6 +3,8 @@ benchmarks take these names from here; :data:`RUN_FILES` (what makes a directory
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..dirlock import LOCK_NAME
 
 CONFIG = "config.json"  # the resolved configuration, loadable with --config; a resumed run reads it back
@@ -31,11 +33,11 @@ RUN_FILES = (CONFIG, METRICS, LOG, SUMMARY_CSV, SUMMARY_MD, CHECKPOINT, TRACEBAC
 RUN_MARKS = (CONFIG, METRICS, CHECKPOINT, LOCK_NAME)
 
 
-def traceback_file(run_dir, rank: int):
-    """Where rank ``rank``'s traceback of a bug goes (``run_dir``: a :class:`~pathlib.Path`)."""
+def traceback_file(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank``'s traceback of a bug goes."""
     return run_dir / TRACEBACKS.replace("*", str(rank))
 
 
-def holdout_fold(base, domain: str):
+def holdout_fold(base: Path, domain: str) -> Path:
     """The run directory of ``--holdout all``'s fold that holds ``domain`` out, inside ``base``."""
     return base / HOLDOUT_FOLD.format(domain=domain)
