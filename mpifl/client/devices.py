@@ -1,4 +1,5 @@
-"""Node-local GPU binding, per-rank CPU threads and deterministic GPU kernels (docs/design.md, "How a round is computed")."""
+"""Node-local GPU binding, per-rank CPU threads and deterministic GPU kernels (docs/design.md, "How a round
+is computed")."""
 
 from __future__ import annotations
 

@@ -74,7 +74,6 @@ def load_array_pickle(file, path: Path, holds: str, fix: str, encoding: str = "A
     return _ArrayUnpickler(file, path, holds, fix, encoding).load()
 
 
-
 _BILINEAR = getattr(Image, "Resampling", Image).BILINEAR
 #: Images handed to the shard writer at a time.
 WRITE_BATCH = 4096

@@ -123,16 +123,10 @@ class RunConfig:
 
 
 #: What a resumed run (``--resume RUN_DIR``) may change: how and where it runs, not what it computes.  Every other
-#: option, method options included, is the run's identity (:func:`identity_options`): the command line refuses a
-#: change to it, the checkpoint records it, and ``--resume``'s help lists these.
+#: option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the command
+#: line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these.
 RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
              "ckpt_every", "round_timeout", "gpu_buffers", "deterministic")
-
-
-def identity_options(cfg: RunConfig) -> dict:
-    """The options that make a run what it is: all but :data:`RESUMABLE` and ``out`` (where the run directory is;
-    a run moved elsewhere resumes there)."""
-    return {k: v for k, v in cfg.to_flat().items() if k not in RESUMABLE and k != "out"}
 
 
 _CORE_TYPES = {f.name: (str if f.default is None else type(f.default))

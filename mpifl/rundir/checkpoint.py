@@ -45,7 +45,7 @@ import torch
 from ..algorithms import ServerState
 from ..data.manifest import sha256_file
 from ..errors import MpiflError
-from ..plan.config import RunConfig, identity_options
+from ..plan.config import RESUMABLE, RunConfig
 from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE, TMP
 
 FORMAT = 4  # 2: every file's size and sha256; 3: one member per client; 4: identity = every option but RESUMABLE
@@ -172,9 +172,10 @@ class UnusableCheckpoint(MpiflError):
 
 
 def identity(cfg: RunConfig) -> dict:
-    """The options a resumed run must share with the checkpointed one: every option but those a resume may
-    change (:data:`mpifl.plan.config.RESUMABLE`), method options included."""
-    return identity_options(cfg)
+    """The options a resumed run must share with the checkpointed one: every option, method options included,
+    but those a resume may change (:data:`mpifl.plan.config.RESUMABLE`) and ``out`` (where the run directory
+    is; a run moved elsewhere resumes there)."""
+    return {k: v for k, v in cfg.to_flat().items() if k not in RESUMABLE and k != "out"}
 
 
 def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
@@ -187,8 +188,7 @@ def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
         if uncommitted:  # a run that ended while writing its first checkpoint; the next commit removes it
             raise UnusableCheckpoint(f"no committed checkpoint in {run_dir}: {CHECKPOINT}/{uncommitted[-1].name}/ was "
                                      f"still being written when the run ended (no {CHECKPOINT}/{CHECKPOINT_META} "
-                                     "commits it)",
-                                     again)
+                                     "commits it)", again)
         raise UnusableCheckpoint(f"no checkpoint in {run_dir} (no {CHECKPOINT}/{CHECKPOINT_META}): it was run without "
                                  "--ckpt-every and never stopped by a signal", again)
     checkpoint = _parse(path)

@@ -54,7 +54,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
-
 def check_new(path: Path) -> None:
     """Refuse (one line, nothing written) a directory a new run cannot own."""
     _check_creatable(path)
