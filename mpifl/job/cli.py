@@ -141,6 +141,10 @@ _HELP = {
                   "SIGTERM or a first Ctrl-C stops the run, which always checkpoints)",
     "round_timeout": "fail the job, with one line naming the rank, its pid and host, when a rank has not "
                      "answered for this many seconds (a hang); must exceed the longest round; 0 = wait forever",
+    "peer_timeout": "end the job, with one line naming the rank and its host, when a rank hears nothing from a "
+                    "peer for this many seconds: its node failed or is cut off the network (every rank sends its "
+                    "peers a heartbeat each second, whatever it is doing, so a long round is not a silence; rank 0 "
+                    "watches the client ranks, which give rank 0 a quarter more); exit 69; 0 = never",
 }
 
 def _core_options() -> list[click.Option]:

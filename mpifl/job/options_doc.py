@@ -49,7 +49,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Evaluation", ("--eval-every", "--eval-batch-size", "--select-by")),
     ("Devices, speed and memory", ("--device", "--threads", "--precision", "--channels-last", "--compile",
                                    "--deterministic", "--gpu-buffers", "--stream-above", "--private-memory")),
-    ("Run directory, checkpoints and failures", ("--out", "--ckpt-every", "--resume", "--round-timeout")),
+    ("Run directory, checkpoints and failures", ("--out", "--ckpt-every", "--resume", "--round-timeout",
+                                                 "--peer-timeout")),
     ("Information, then exit", ("--show-manifest", "--list-presets", "--version", "--help")),
 )
 METHODS = "Options of the methods"

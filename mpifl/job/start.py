@@ -19,11 +19,13 @@ one client host are two threads of this process (:mod:`mpifl.transport.inprocess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -36,9 +38,10 @@ from ..data import ensure_dataset
 from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
+from ..process.abort import ABORT_SECONDS, EXIT_LOST
 from ..process.signals import EXIT_STOPPED, StopRequest
 from ..process.world import launched_world
-from ..rundir.checkpoint import Checkpoint
+from ..rundir.checkpoint import Checkpoint, committed_round
 from ..rundir.checkpoint import load as load_checkpoint
 from ..rundir.checkpoint import verify as verify_checkpoint
 from ..rundir.directory import archive_attempt, check_new, claim, default_run_dir, open_new, write_config
@@ -63,6 +66,10 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
         from ..transport.mpi import MpiComm
         comm = MpiComm()
     cfg, warnings = configure(comm, build, resume)
+    watch = PeerWatch(comm, cfg.peer_timeout)
+    if comm is not None and cfg.peer_timeout and not show_manifest:
+        unwatched = comm.watch_peers(cfg.peer_timeout, watch.lost, watch.ended)
+        warnings = warnings + ([unwatched] if unwatched else [])
     if rank == 0:
         for warning in warnings:
             _err(f"mpifl: warning: {warning}")
@@ -76,7 +83,7 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
     if show_manifest:
         return
     if comm is not None:
-        run_rank(cfg, comm, stop, resume is not None)
+        run_rank(cfg, comm, stop, resume is not None, watch)
     else:
         run_threads(IN_PROCESS_RANKS, lambda comm: run_rank(cfg, comm, stop, resume is not None))
 
@@ -102,18 +109,18 @@ def configure(comm: Comm | None, build: Callable[[], tuple[RunConfig, list[str]]
         sys.exit(exc.exit_code)
 
 
-def run_rank(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool) -> None:
+def run_rank(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool, watch: PeerWatch | None = None) -> None:
     """One rank's whole job: every fold of ``--holdout all``, or the one run."""
     # the server gives up first, so a hung client is named once by it; a hung server is found by
     # client rank 1, whose abort ends the job well before rank 2's clock (3 s later) runs out
     comm.timeout = cfg.round_timeout + 3 * comm.rank if cfg.round_timeout else None
     if cfg.holdout == "all":
-        _run_all_folds(cfg, comm, stop)
+        _run_all_folds(cfg, comm, stop, watch)
     else:
-        _run(cfg, comm, stop, resume=resume)
+        _run(cfg, comm, stop, watch, resume=resume)
 
 
-def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest) -> None:
+def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None) -> None:
     """``--holdout all``: one leave-one-domain-out run per domain, in <out>/holdout-<domain>, then a fold table."""
     base = Path(cfg.out) if cfg.out else default_run_dir(cfg)
 
@@ -126,14 +133,14 @@ def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest) -> None:
     manifest = collectively(comm, lambda: None, check)
     domains = comm.bcast_object(manifest.domains if comm.rank == 0 else None)
     for domain in domains:
-        _run(dataclasses.replace(cfg, holdout=domain, out=str(holdout_fold(base, domain))), comm, stop)
+        _run(dataclasses.replace(cfg, holdout=domain, out=str(holdout_fold(base, domain))), comm, stop, watch)
     if comm.rank == 0:
         table = fold_summary({d: holdout_fold(base, d) for d in domains})
         (base / SUMMARY_MD).write_text(table)
         print(table)
 
 
-def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) -> None:
+def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None, resume: bool = False) -> None:
     """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks it while the
     ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
     owner: DirectoryLock | None = None  # rank 0's claim on the run directory
@@ -192,6 +199,8 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool = False) ->
             else:
                 opened, owner = open_new(run_dir, cfg)
             traceback_dir = opened
+            if watch is not None:
+                watch.run_dir = opened
             if owner is None:
                 _err(f"mpifl: warning: the file system of {opened} keeps no file locks: a second run given "
                      "the same --out while this one runs is not refused")
@@ -232,6 +241,50 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
         sys.exit(EXIT_STOPPED)
 
 
+class PeerWatch:
+    """What this rank does when a peer is lost (:meth:`Comm.watch_peers`, ``--peer-timeout``): rank 0 names the
+    ranks and their hosts, and what is left to resume from, on stderr and in ``log.txt``, tells the client ranks,
+    and ends the job (exit 69); a client rank that lost rank 0 says so and ends."""
+
+    def __init__(self, comm: Comm | None, timeout: float):
+        self.comm, self.timeout = comm, timeout
+        self.run_dir: Path | None = None  # the run under way, once its directory is open
+
+    def lost(self, ranks: list[int], seconds: float) -> None:
+        comm = self.comm
+        one = len(ranks) == 1
+        silence = (f"nothing heard from {'it' if one else 'them'} for {seconds:.0f} s (--peer-timeout "
+                   f"{self.timeout:g}): {'its node' if one else 'their nodes'} failed or {'is' if one else 'are'} "
+                   "cut off the network")
+        if comm.rank == 0:
+            line = f"mpifl: error: lost {comm.describe(ranks)}: {silence}; {self._left()}"
+            if self.run_dir is not None:
+                with contextlib.suppress(OSError), (self.run_dir / LOG).open("a") as log:
+                    log.write(line + "\n")
+            _err(line)
+            comm.end_job()
+        else:
+            _err(f"mpifl: error: {comm.describe([comm.rank])} lost the server, {comm.describe([0])}: "
+                 f"{silence.replace('its node', 'its node or this one')}; this rank ends")
+        comm.abort(EXIT_LOST)
+
+    def ended(self) -> None:
+        """Rank 0 ends the job for a lost peer, and said so: its ``MPI_Abort`` follows, through the launcher, which
+        then ends this rank; a rank whose launcher is gone (Open MPI's, after it lost a node) ends by itself.  Not
+        at once: a rank ending on its own first may keep the launcher waiting for the lost node."""
+        time.sleep(ABORT_SECONDS)
+        os._exit(EXIT_LOST)
+
+    def _left(self) -> str:
+        """What the run can continue from."""
+        if self.run_dir is None:
+            return "nothing was written: run again on nodes that answer"
+        done = committed_round(self.run_dir)
+        if done is None:
+            return "no checkpoint was taken (--ckpt-every N takes them): run again with another --out"
+        return f"the checkpoint after round {done} is intact: continue with --resume {self.run_dir} on the nodes that remain"
+
+
 def collectively(comm: Comm, run_dir: Callable[[], Path | None], step: Callable[[], T]) -> T:
     """Run a set-up step on every rank; if any rank failed, rank 0 prints the first failure once and all exit."""
     error = None
@@ -268,5 +321,6 @@ def _crash_line(rank: int, exc: BaseException, run_dir: Path | None) -> str:
 
 
 def _err(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):  # a launcher that is gone (a lost node) reads no more
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -103,6 +103,7 @@ class RunConfig:
     gpu_buffers: str = "auto"
     ckpt_every: int = 0
     round_timeout: float = 0.0
+    peer_timeout: float = 60.0  # seconds of silence after which a peer is lost (mpifl.transport.liveness)
     preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
     algo_options: dict = field(default_factory=dict)
 
@@ -126,7 +127,7 @@ class RunConfig:
 #: option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the command
 #: line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these.
 RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
-             "ckpt_every", "round_timeout", "gpu_buffers", "deterministic")
+             "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic")
 
 
 _CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
@@ -228,6 +229,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
         (cfg.ckpt_every >= 0, "--ckpt-every must be >= 0 (0 = only when stopped by a signal)"),
         (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),
+        (cfg.peer_timeout == 0 or cfg.peer_timeout >= 1, "--peer-timeout must be at least 1 second (0 = never)"),
         (cfg.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
         (cfg.precision in ("fp32", "bf16", "fp16"), "--precision must be fp32, bf16 or fp16"),
         (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),

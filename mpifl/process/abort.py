@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import NoReturn
+
+ABORT_SECONDS = 10.0  # a rank calling MPI_Abort exits by itself after this long
+EXIT_LOST = 69  # EX_UNAVAILABLE: a peer's node failed or is cut off the network (mpifl.transport.liveness)
 
 
 def abort_job(line: str, code: int) -> NoReturn:
@@ -47,9 +51,15 @@ def end_now(line: str, code: int) -> NoReturn:
 
 
 def abort_world(code: int) -> NoReturn:
-    """End every rank of the MPI world (a lone process just exits)."""
+    """End every rank of the MPI world (a lone process just exits).
+
+    This process exits within :data:`ABORT_SECONDS` whatever ``MPI_Abort`` does: with a launcher that is gone
+    or cut off (a lost node), the abort may wait for an answer that never comes."""
     from mpi4py import MPI
 
+    deadline = threading.Timer(ABORT_SECONDS, os._exit, args=(code,))
+    deadline.daemon = True
+    deadline.start()
     if MPI.COMM_WORLD.size > 1:
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(code)

@@ -171,6 +171,14 @@ class UnusableCheckpoint(MpiflError):
         return UnusableCheckpoint(self.damage, advice)
 
 
+def committed_round(run_dir: Path) -> int | None:
+    """The round of ``run_dir``'s committed checkpoint (None: none, or ``meta.json`` unreadable)."""
+    try:
+        return int(json.loads((Path(run_dir) / CHECKPOINT / CHECKPOINT_META).read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def identity(cfg: RunConfig) -> dict:
     """The options a resumed run must share with the checkpointed one: every option, method options included,
     but those a resume may change (:data:`mpifl.plan.config.RESUMABLE`) and ``out`` (where the run directory

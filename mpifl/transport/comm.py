@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -149,6 +149,17 @@ class Comm:
     def cuda_aware(self) -> bool | None:
         """Whether GPU buffers may be handed to the collectives (None: the library cannot say)."""
         raise NotImplementedError
+
+    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float], None],
+                    on_end: Callable[[], None]) -> str | None:
+        """Watch the peers until this process exits (:mod:`mpifl.transport.liveness`): ``on_lost(ranks, seconds)``
+        when ranks have been silent for ``timeout`` seconds, ``on_end()`` on a client rank when rank 0 ends the
+        job for that (:meth:`end_job`).  Every rank calls it at once.  Returns why it cannot watch, if so.
+        Threads of one process cannot lose each other: nothing to watch."""
+        return None
+
+    def end_job(self) -> None:
+        """Rank 0: tell the client ranks that the job ends because a peer is lost."""
 
     def abort(self, code: int) -> NoReturn:
         """End the whole job promptly with exit ``code``, from this rank (its line already printed)."""

@@ -40,6 +40,7 @@ Three properties matter beyond moving bytes:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -54,6 +55,7 @@ from mpi4py import MPI
 from ..process.abort import abort_world
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
+from .liveness import Heartbeats
 from .topology import NodeLayout, affinity
 from .wire import Buffer
 
@@ -102,6 +104,7 @@ class MpiComm(Comm):
         self._numbered = self._sent = self._posted = 0
         # rank 0, per client rank: its messages whose receives are posted, and that it said it sends
         self._expected, self._sending = [0] * comm.size, [0] * comm.size
+        self._heartbeats: Heartbeats | None = None  # the watch over the peers (watch_peers)
 
     # ---------------------------------------------------------------- waiting
     def wait(self, pending: list[Pending], what: str, moving: Callable[[list[Pending]], bool] = lambda p: False,
@@ -278,6 +281,20 @@ class MpiComm(Comm):
 
     def cuda_aware(self) -> bool | None:
         return cuda_aware()
+
+    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float], None],
+                    on_end: Callable[[], None]) -> str | None:
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            return ("the MPI library gives no MPI_THREAD_MULTIPLE, so a node that fails or is cut off is not "
+                    "noticed (--peer-timeout has no effect)")
+        self._heartbeats = Heartbeats(self.comm.Dup(), timeout, on_lost, on_end)
+        self._heartbeats.start()
+        atexit.register(self._heartbeats.stop)  # before mpi4py finalizes MPI
+        return None
+
+    def end_job(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.end_job()
 
     def abort(self, code: int) -> NoReturn:
         abort_world(code)
