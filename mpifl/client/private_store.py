@@ -8,7 +8,8 @@ rank's memory grows with the clients that have trained, not with the clients it 
 memory exceed the budget, the least recently used ones go to one file each in a per-rank folder under
 ``$TMPDIR`` (node-local disk on most clusters; removed when the rank's run ends; a rank killed outright leaves
 it, and the next run on the node that spills removes it: a folder is held, :mod:`mpifl.dirlock`, while its rank
-lives) and are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
+lives; the folder's name holds its node's, and a rank removes only its own node's, since a ``$TMPDIR`` that
+several nodes share may keep each node's locks to itself) and are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
 depend on the budget.
 
 **Adopted entries** (sent down but not back, :attr:`Algorithm.adopted_keys`) are, by definition, every hosted
@@ -20,9 +21,11 @@ adoption keeps its own value, as it would have).
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import shutil
+import socket
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -35,7 +38,7 @@ from ..dirlock import DirectoryLock, LocksUnsupported, remove_unheld, try_lock
 from ..errors import MpiflError
 from ..plan.clients import ClientSpec
 
-SPILL_PREFIX = "mpifl-private-rank"  # a spill folder: <TMPDIR>/mpifl-private-rank<k>-<random>
+SPILL_PREFIX = "mpifl-private-"  # a spill folder: <TMPDIR>/mpifl-private-<host>-rank<k>-<random>
 UNCLAIMED_SPILL_SECONDS = 60  # a spill folder without a lock file (its rank not yet holding it) is unheld once this old
 
 
@@ -184,8 +187,9 @@ class PrivateStore:
         if self._spill_dir is None:
             try:
                 parent = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
-                remove_unheld(parent, f"{SPILL_PREFIX}*", UNCLAIMED_SPILL_SECONDS)
-                self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{self.rank}-", dir=parent))
+                node = f"{SPILL_PREFIX}{socket.gethostname()}-rank"
+                remove_unheld(parent, f"{glob.escape(node)}*", UNCLAIMED_SPILL_SECONDS)
+                self._spill_dir = Path(tempfile.mkdtemp(prefix=f"{node}{self.rank}-", dir=parent))
                 try:
                     self._spill_lock = try_lock(self._spill_dir)
                 except LocksUnsupported:  # kept no locks: a killed rank's folder stays, as before

@@ -2,6 +2,7 @@
 adopted entries as if written into every client every round, checkpoints streamed one client at a time."""
 
 import os
+import socket
 import time
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_a_zero_budget_keeps_only_the_client_in_use_and_reads_the_rest_back_bit_
         _train(store, cid, value)
         assert list(store.resident) == [cid]
     folder, = tmp_path.iterdir()
-    assert folder.name.startswith("mpifl-private-rank1-")
+    assert folder.name.startswith(f"mpifl-private-{socket.gethostname()}-rank1-")
     assert sorted(p.name for p in folder.iterdir()) == [".mpifl-lock", "client-0.pt", "client-1.pt"]  # held
     for cid, value in values.items():
         assert torch.equal(store.get(cid).private["w"], value) and torch.equal(store.get(cid).private["c"], -value)
@@ -154,25 +155,32 @@ def test_a_spill_file_damaged_while_the_run_lives_names_the_client_the_file_and_
     assert "--resume RUN_DIR" in message and "\n" not in message
 
 
-def test_spill_folders_whose_rank_is_gone_are_removed_by_the_next_run_that_spills(tmp_path, monkeypatch):
-    killed = tmp_path / "mpifl-private-rank1-killed"  # a rank killed outright: its lock file holds nothing now
+def test_spill_folders_whose_rank_is_gone_are_removed_by_the_next_run_that_spills_on_their_node(tmp_path,
+                                                                                                monkeypatch):
+    here = f"mpifl-private-{socket.gethostname()}"
+    killed = tmp_path / f"{here}-rank1-killed"  # a rank killed outright: its lock file holds nothing now
     killed.mkdir()
     (killed / LOCK_NAME).write_text("pid 1 on a node, since then")
     (killed / "client-3.pt").write_bytes(b"state")
-    live = tmp_path / "mpifl-private-rank2-live"  # another run's rank at work
+    live = tmp_path / f"{here}-rank2-live"  # another run's rank at work
     live.mkdir()
     holder = try_lock(live)
-    unclaimed = tmp_path / "mpifl-private-rank3-new"  # just made, its rank about to claim it
+    unclaimed = tmp_path / f"{here}-rank3-new"  # just made, its rank about to claim it
     unclaimed.mkdir()
-    old = tmp_path / "mpifl-private-rank4-old"  # made long ago and never claimed
+    old = tmp_path / f"{here}-rank4-old"  # made long ago and never claimed
     old.mkdir()
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     mine = tmp_path / "not-mpifl"
     mine.mkdir()
+    # another node's, in a TMPDIR the nodes share: its lock may be that node's alone, so it is never swept here
+    elsewhere = tmp_path / f"mpifl-private-{socket.gethostname()}x-rank1-killed"
+    elsewhere.mkdir()
+    (elsewhere / LOCK_NAME).write_text("pid 1 on another node")
+    os.utime(elsewhere, (time.time() - 3600, time.time() - 3600))
     store = _store(0.0, tmp=tmp_path, monkeypatch=monkeypatch)
     _train(store, 0, 1.0)
     _train(store, 1, 1.0)  # the first spill
     assert not killed.exists() and not old.exists()
-    assert live.exists() and unclaimed.exists() and mine.exists()
+    assert live.exists() and unclaimed.exists() and mine.exists() and elsewhere.exists()
     holder.release()
     store.close()
