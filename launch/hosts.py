@@ -40,7 +40,8 @@ three numbers of the hosts' addresses.
 
 from __future__ import annotations
 
-import array
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -117,7 +118,19 @@ def host_pids(host: str) -> list[int]:
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode:
+        raise Refusal(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+@contextlib.contextmanager
+def exclusive():
+    """One ``start`` or ``stop`` at a time on this machine."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def link_up(host: str) -> bool:
@@ -390,9 +403,11 @@ def main(argv: list[str]) -> int:
     verb, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
     one_host = {"kill", "cut", "mend", "procs", "bytes"}
     if verb == "start" and len(args) <= 1 and (not args or args[0].isdigit() and 1 <= int(args[0]) <= 9):
-        start(int(args[0]) if args else 2)
+        with exclusive():
+            start(int(args[0]) if args else 2)
     elif verb == "stop" and not args:
-        stop()
+        with exclusive():
+            stop()
     elif verb == "status" and not args:
         return status()
     elif verb == "names" and not args:
@@ -415,7 +430,8 @@ def main(argv: list[str]) -> int:
                     command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
                 except OSError:
                     continue
-                print(pid, command)
+                if command:  # not a zombie, ended and about to be reaped
+                    print(pid, command)
         else:
             print(*interface_bytes(host))
     else:

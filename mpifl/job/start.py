@@ -253,7 +253,7 @@ class PeerWatch:
     def lost(self, ranks: list[int], seconds: float) -> None:
         comm = self.comm
         one = len(ranks) == 1
-        silence = (f"nothing heard from {'it' if one else 'them'} for {seconds:.0f} s (--peer-timeout "
+        silence = (f"nothing heard from {'it' if one else 'them'} for over {seconds:g} s (--peer-timeout "
                    f"{self.timeout:g}): {'its node' if one else 'their nodes'} failed or {'is' if one else 'are'} "
                    "cut off the network")
         if comm.rank == 0:
@@ -282,7 +282,8 @@ class PeerWatch:
         done = committed_round(self.run_dir)
         if done is None:
             return "no checkpoint was taken (--ckpt-every N takes them): run again with another --out"
-        return f"the checkpoint after round {done} is intact: continue with --resume {self.run_dir} on the nodes that remain"
+        return (f"the checkpoint after round {done} is intact: continue with --resume {self.run_dir} on the nodes "
+                "that remain")
 
 
 def collectively(comm: Comm, run_dir: Callable[[], Path | None], step: Callable[[], T]) -> T:

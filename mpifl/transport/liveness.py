@@ -40,7 +40,8 @@ LONGEST_INTERVAL = 1.0  # seconds between heartbeats, at most; a tenth of the ti
 class Heartbeats:
     """This rank's watch over its peers, on ``comm`` (a communicator of its own), once :meth:`start`-ed.
 
-    ``on_lost(peers, seconds)`` runs on the watching thread when ``peers`` have been silent for ``seconds``;
+    ``on_lost(peers, seconds)`` runs on the watching thread when ``peers`` have been silent for longer than
+    ``seconds`` (this rank's timeout);
     ``on_end()`` when rank 0 says the job ends.  Neither returns.  Every message is matched: a rank takes a peer's
     messages until that peer's goodbye, and sends its peers heartbeats until its own.
     """
@@ -101,7 +102,7 @@ class Heartbeats:
             if lost:
                 if said_bye:  # ending anyway: a peer gone meanwhile is not worth a word
                     return
-                self.on_lost(lost, now - max(heard[p] for p in lost))
+                self.on_lost(lost, self.timeout)
                 return
             if said_bye:
                 time.sleep(self.interval / 10)  # the peers' goodbyes are on their way, or soon will be
