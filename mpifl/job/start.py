@@ -250,12 +250,13 @@ class PeerWatch:
         self.comm, self.timeout = comm, timeout
         self.run_dir: Path | None = None  # the run under way, once its directory is open
 
-    def lost(self, ranks: list[int], seconds: float) -> None:
+    def lost(self, ranks: list[int], seconds: float, error: str | None) -> None:
         comm = self.comm
         one = len(ranks) == 1
-        silence = (f"nothing heard from {'it' if one else 'them'} for over {seconds:g} s (--peer-timeout "
-                   f"{self.timeout:g}): {'its node' if one else 'their nodes'} failed or {'is' if one else 'are'} "
-                   "cut off the network")
+        heard = (f"nothing heard from {'it' if one else 'them'} for over {seconds:g} s (--peer-timeout "
+                 f"{self.timeout:g})" if error is None else f"the MPI library reports its connection failed ({error})")
+        silence = (f"{heard}: {'its node' if one else 'their nodes'} failed or {'is' if one else 'are'} cut off the "
+                   "network")
         if comm.rank == 0:
             line = f"mpifl: error: lost {comm.describe(ranks)}: {silence}; {self._left()}"
             if self.run_dir is not None:

@@ -150,10 +150,11 @@ class Comm:
         """Whether GPU buffers may be handed to the collectives (None: the library cannot say)."""
         raise NotImplementedError
 
-    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float], None],
+    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                     on_end: Callable[[], None]) -> str | None:
-        """Watch the peers until this process exits (:mod:`mpifl.transport.liveness`): ``on_lost(ranks, seconds)``
-        when ranks have been silent for ``timeout`` seconds, ``on_end()`` on a client rank when rank 0 ends the
+        """Watch the peers until this process exits (:mod:`mpifl.transport.liveness`): ``on_lost(ranks, seconds,
+        error)`` when ranks have been silent for ``timeout`` seconds or their connection failed (``error``, what
+        the library said), ``on_end()`` on a client rank when rank 0 ends the
         job for that (:meth:`end_job`).  Every rank calls it at once.  Returns why it cannot watch, if so.
         Threads of one process cannot lose each other: nothing to watch."""
         return None

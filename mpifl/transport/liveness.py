@@ -10,7 +10,9 @@ seconds and takes theirs, whatever the rank is doing (training, folding, waiting
 watches every client rank, a client rank watches rank 0, as the round's messages go.
 
 * A peer not heard from for ``timeout`` seconds is lost: the watcher calls ``on_lost`` (rank 0: the one line
-  naming the ranks and hosts, then the job's end).  Client ranks wait longer than rank 0
+  naming the ranks and hosts, then the job's end).  So is a peer for which the MPI library reports an error (a
+  connection it found broken, as MPICH's ofi netmod does for a peer killed outright; MPICH's UCX netmod crashes
+  the sender instead, a segmentation fault that the launcher reports).  Client ranks wait longer than rank 0
   (:data:`CLIENT_MARGIN`), so that a lost client rank is named by rank 0, whose lines reach the launcher.
 * Before rank 0 ends the job it tells the client ranks (``END``), so that a client rank whose launcher is gone
   (Open MPI's ``prterun`` exits when it loses a node, leaving the other nodes' ranks running) ends too.
@@ -24,6 +26,8 @@ meet the round's, and needs ``MPI_THREAD_MULTIPLE`` (what mpi4py asks for).  Its
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 import time
 from typing import Callable
@@ -40,13 +44,14 @@ LONGEST_INTERVAL = 1.0  # seconds between heartbeats, at most; a tenth of the ti
 class Heartbeats:
     """This rank's watch over its peers, on ``comm`` (a communicator of its own), once :meth:`start`-ed.
 
-    ``on_lost(peers, seconds)`` runs on the watching thread when ``peers`` have been silent for longer than
-    ``seconds`` (this rank's timeout);
+    ``on_lost(peers, seconds, error)`` runs on the watching thread when ``peers`` have been silent for longer than
+    ``seconds`` (this rank's timeout), or at once when the MPI library reports an error for one (``error``, its
+    first line; None for a silence);
     ``on_end()`` when rank 0 says the job ends.  Neither returns.  Every message is matched: a rank takes a peer's
     messages until that peer's goodbye, and sends its peers heartbeats until its own.
     """
 
-    def __init__(self, comm: MPI.Comm, timeout: float, on_lost: Callable[[list[int], float], None],
+    def __init__(self, comm: MPI.Comm, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                  on_end: Callable[[], None]):
         self.comm = comm
         self.peers = list(range(1, comm.size)) if comm.rank == 0 else [0]
@@ -77,32 +82,41 @@ class Heartbeats:
     def _watch(self) -> None:
         heard = dict.fromkeys(self.peers, time.monotonic())
         receives = {p: self._receive(p) for p in self.peers}
-        sends: list[MPI.Request] = []
+        sends: list[tuple[int, MPI.Request]] = []
         said_bye = False
         while True:
             now = time.monotonic()
+            broken: dict[int, str] = {}  # peer -> what the MPI library said of its connection
             if not said_bye:
                 said_bye = self._stopping.is_set()
                 token = self._tokens[BYE if said_bye else BEAT]
-                sends += [self.comm.Isend(token, dest=p, tag=TAG) for p in self.peers]
+                for p in self.peers:
+                    with _failing(broken, p):
+                        sends.append((p, self.comm.Isend(token, dest=p, tag=TAG)))
             for p in list(receives):
-                while p in receives and receives[p].Test():
-                    heard[p] = now
-                    kind = int(self._inbox[p])
-                    if kind == END:
-                        self.on_end()
-                    if kind == BYE:
-                        del receives[p]
-                    else:
-                        receives[p] = self._receive(p)
-            sends = [request for request in sends if not request.Test()]
-            if said_bye and not receives and not sends:
+                with _failing(broken, p):
+                    while p in receives and receives[p].Test():
+                        heard[p] = now
+                        kind = int(self._inbox[p])
+                        if kind == END:
+                            self.on_end()
+                        if kind == BYE:
+                            del receives[p]
+                        else:
+                            receives[p] = self._receive(p)
+            still = []
+            for p, request in sends:
+                with _failing(broken, p):
+                    if not request.Test():
+                        still.append((p, request))
+            sends = [(p, request) for p, request in still if p not in broken]
+            if said_bye and not (set(receives) - set(broken)) and not sends:
                 return
-            lost = sorted(p for p in receives if now - heard[p] > self.timeout)
+            silent = [p for p in receives if now - heard[p] > self.timeout]
+            lost = sorted(set(silent) | set(broken))
             if lost:
-                if said_bye:  # ending anyway: a peer gone meanwhile is not worth a word
-                    return
-                self.on_lost(lost, self.timeout)
+                if not said_bye:  # ending anyway: a peer gone meanwhile is not worth a word
+                    self.on_lost(lost, self.timeout, next(iter(broken.values()), None))
                 return
             if said_bye:
                 time.sleep(self.interval / 10)  # the peers' goodbyes are on their way, or soon will be
@@ -111,3 +125,13 @@ class Heartbeats:
 
     def _receive(self, peer: int) -> MPI.Request:
         return self.comm.Irecv(self._inbox[peer:peer + 1], source=peer, tag=TAG)
+
+
+@contextlib.contextmanager
+def _failing(broken: dict[int, str], peer: int):
+    """Note in ``broken`` the error of an operation with ``peer`` (a library that reports a failed connection): the
+    last line of MPICH's error stack, where the cause is, without the function that said it."""
+    try:
+        yield
+    except MPI.Exception as exc:
+        broken[peer] = re.sub(r"^\w+\(\d+\)\.*:\s*", "", str(exc).strip().splitlines()[-1])

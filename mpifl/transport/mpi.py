@@ -282,7 +282,7 @@ class MpiComm(Comm):
     def cuda_aware(self) -> bool | None:
         return cuda_aware()
 
-    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float], None],
+    def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                     on_end: Callable[[], None]) -> str | None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             return ("the MPI library gives no MPI_THREAD_MULTIPLE, so a node that fails or is cut off is not "

@@ -51,8 +51,10 @@ def test_a_rank_killed_like_by_the_oom_killer_ends_the_job_promptly_and_the_log_
 ])
 def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_host(data_root, tmp_path, fault,
                                                                                    waiting_for):
+    """A hung rank still sends its heartbeats: it is hung, not lost, whatever --peer-timeout (2 s here)."""
     run = tmp_path / "r"
-    job = launch(3, *_args(data_root, run, "--round-timeout", "8"), env={"MPIFL_FAULT": fault}, timeout=120)
+    job = launch(3, *_args(data_root, run, "--round-timeout", "8", "--peer-timeout", "2"), env={"MPIFL_FAULT": fault},
+                 timeout=120)
     assert job.returncode == 2
     errors = job.lines("mpifl: error")
     assert len(errors) == 1 and f"s waiting for {waiting_for}" in errors[0], job.stderr
@@ -61,6 +63,32 @@ def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_ho
     assert f"timed out after {waited} s waiting" in errors[0]
     assert f": rank {hung} (pid {pids(run)[hung]} on {socket.gethostname()}) stopped answering" in errors[0]
     assert "Traceback" not in job.stderr
+
+
+def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_with_its_host(data_root, tmp_path):
+    """SIGSTOP freezes rank 2 whole, heartbeats included, as a node that stopped answering would: after --peer-timeout
+    rank 0 names it once, with its pid and host, in log.txt too, and ends the job (exit 69); nothing hangs."""
+    run = tmp_path / "r"
+    command = [*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run, "--peer-timeout", "3")]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT})
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        frozen = int(pids(run)[2])
+        os.kill(frozen, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+        os.kill(frozen, signal.SIGKILL)
+    assert job.returncode == 69 and time.monotonic() - stopped_at < 3 + 8
+    errors = [line for line in err.splitlines() if line.startswith("mpifl: ")]
+    assert errors == [f"mpifl: error: lost rank 2 (pid {frozen} on {socket.gethostname()}): nothing heard from it for "
+                      "over 3 s (--peer-timeout 3): its node failed or is cut off the network; no checkpoint was "
+                      "taken (--ckpt-every N takes them): run again with another --out"], err
+    assert (run / "log.txt").read_text().splitlines()[-1] == errors[0]
 
 
 def test_an_exception_on_the_server_ends_the_job_with_its_line(data_root, tmp_path):
