@@ -177,6 +177,7 @@ def start_host(k: int, host: str) -> None:
     ready.unlink(missing_ok=True)
     setup = (f"hostname {host} && mount -t tmpfs -o mode=1777 shm /dev/shm "
              f"&& mount -t tmpfs -o mode=1777 node-tmp {NODE_TMP} && mount --bind {STATE / 'etc-hosts'} /etc/hosts "
+             f"{''.join(f'&& {command} ' for command in cgroup_mounts())}"
              f"&& touch {ready} && exec {sys.executable} -c '{REAPER}'")
     with open(STATE / f"{host}.log", "w") as log:
         subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",
@@ -198,6 +199,24 @@ def start_host(k: int, host: str) -> None:
             (STATE / f"{host}.pid").write_text(pid)
             return
     raise Refusal(f"host {host}: no init process found")
+
+
+def cgroup_mounts() -> list[str]:
+    """Commands that mount in a host the control groups mounted here (``ip netns exec`` gives the host a /sys of
+    its own, without them; slurmd needs them)."""
+    commands = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, where, kind, options = line.split()[:4]
+        if not where.startswith("/sys/fs/cgroup"):
+            continue
+        if kind == "cgroup":  # v1: one hierarchy per controller (or a named one)
+            chosen = [o for o in options.split(",") if o not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")]
+            if all(o.startswith("name=") for o in chosen):
+                chosen.insert(0, "none")
+            commands.append(f"mkdir -p {where} && mount -t cgroup -o {','.join(chosen)} cgroup {where}")
+        elif kind in ("cgroup2", "tmpfs"):
+            commands.append(f"mkdir -p {where} && mount -t {kind} {kind} {where}")
+    return commands
 
 
 def start_broker() -> None:

@@ -4,6 +4,8 @@
 #   launch/local-slurm.sh start     # install (Debian: slurmctld slurmd slurm-client munge) if missing, configure, start
 #   launch/local-slurm.sh status    # daemons and node state; exit 0 when up, 3 when not
 #   launch/local-slurm.sh stop      # stop the daemons this script started
+#   launch/local-slurm.sh start-hosts  # a Slurm over the emulated hosts of launch/hosts.py (one node each)
+#   launch/local-slurm.sh stop-hosts
 #
 # Idempotent: `start` on a running cluster and `stop` on a stopped one do nothing.
 # The node is this machine (`hostname -s`) at 127.0.0.1, declared with more CPUs
@@ -210,9 +212,113 @@ status() {
     return "$up"
 }
 
+# ------------------------------------------------------------------ a Slurm over the emulated hosts
+# Every host of launch/hosts.py (node1..nodeN, up) is a node: slurmctld runs on node1, a slurmd on every host,
+# each knowing itself by its hostname; munge is this machine's (its socket is on the shared file system).  The
+# configuration is HOSTS_STATE/slurm.conf, which the client commands find through SLURM_CONF: run them on a host,
+#   launch/hosts.py run node1 env SLURM_CONF=/var/tmp/mpifl-slurm-hosts/slurm.conf sbatch -N 2 slurm/X.sh
+# (this machine's own network does not reach the hosts').  A node is declared down after 10 s without an answer
+# (SlurmdTimeout), and a batch job on a failed node is requeued (JobRequeue=1, the scripts' --requeue).
+HOSTS_STATE=${MPIFL_SLURM_HOSTS_STATE:-/var/tmp/mpifl-slurm-hosts}
+HOSTS=$(dirname "$(readlink -f "$0")")/hosts.py
+
+on_host() {  # on_host HOST CMD...: CMD on the emulated HOST, with the hosts' Slurm configuration
+    local host=$1
+    shift
+    "$HOSTS" run "$host" env SLURM_CONF="${HOSTS_STATE}/slurm.conf" "$@"
+}
+
+address_of() { "$HOSTS" status | awk -v h="$1" '$1 == h {print $2}'; }
+
+write_hosts_config() {  # write_hosts_config NODE...
+    local nodes memory node i
+    nodes=$(IFS=,; echo "$*")
+    memory=$(awk '/^MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
+    mkdir -p "${HOSTS_STATE}/ctld"
+    cat >"${HOSTS_STATE}/slurm.conf" <<EOF
+${MARK}: a Slurm over the emulated hosts
+ClusterName=mpifl-hosts
+MailProg=/bin/true
+SlurmctldHost=$1($(address_of "$1"))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=cred_expire=10
+StateSaveLocation=${HOSTS_STATE}/ctld
+SlurmdSpoolDir=${HOSTS_STATE}/d-%n
+SlurmctldPidFile=${HOSTS_STATE}/slurmctld.pid
+SlurmdPidFile=${HOSTS_STATE}/slurmd-%n.pid
+SlurmctldLogFile=${HOSTS_STATE}/slurmctld.log
+SlurmdLogFile=${HOSTS_STATE}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=pmi2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+MinJobAge=3600
+KillWait=30
+JobRequeue=1
+SlurmdTimeout=10
+GresTypes=gpu
+EOF
+    for node in "$@"; do
+        mkdir -p "${HOSTS_STATE}/d-${node}"
+        echo "NodeName=${node} NodeAddr=$(address_of "$node") CPUs=${CPUS}" \
+            "RealMemory=$((memory > 262144 ? memory : 262144)) Gres=gpu:${GPUS} State=UNKNOWN" \
+            >>"${HOSTS_STATE}/slurm.conf"
+    done
+    echo "PartitionName=hosts Nodes=${nodes} Default=YES MaxTime=INFINITE State=UP" >>"${HOSTS_STATE}/slurm.conf"
+    for ((i = 0; i < GPUS; i++)); do touch "${HOSTS_STATE}/fakegpu${i}"; done
+    echo "NodeName=${nodes} Name=gpu File=${HOSTS_STATE}/fakegpu[0-$((GPUS - 1))]" >"${HOSTS_STATE}/gres.conf"
+}
+
+start_hosts() {
+    [[ $(id -u) == 0 ]] || die "run as root (the daemons need it)"
+    local nodes node
+    read -ra nodes <<<"$("$HOSTS" names | tr '\n' ' ')"
+    ((${#nodes[@]})) || die "no emulated hosts: start them first (launch/hosts.py start N)"
+    "$HOSTS" status >/dev/null || die "a host is down or cut off: launch/hosts.py start ${#nodes[@]}"
+    mkdir -p "$STATE" "$HOSTS_STATE"
+    install_packages
+    start_munge
+    write_hosts_config "${nodes[@]}"
+    on_host "${nodes[0]}" slurmctld -c -i
+    for _ in $(seq 50); do on_host "${nodes[0]}" scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
+    for node in "${nodes[@]}"; do on_host "$node" slurmd; done
+    for _ in $(seq 60); do
+        on_host "${nodes[0]}" sinfo -h -o %T | grep -qvE '^(idle|mixed|allocated)' || break
+        sleep 0.5
+    done
+    on_host "${nodes[0]}" sinfo -N -o "%N %T %c %G %P" >&2
+    say "up on ${nodes[*]}; on a host: SLURM_CONF=${HOSTS_STATE}/slurm.conf (logs there)"
+}
+
+stop_hosts() {  # the daemons also end with their hosts (launch/hosts.py stop)
+    local node first
+    first=$("$HOSTS" names | head -n 1)
+    for node in $("$HOSTS" names); do  # a pid file holds a number of its host's own PID namespace
+        on_host "$node" sh -c "f=${HOSTS_STATE}/slurmd-${node}.pid; [ -s \$f ] && kill \$(cat \$f); true" || true
+    done
+    [[ -z $first ]] || on_host "$first" sh -c "f=${HOSTS_STATE}/slurmctld.pid; [ -s \$f ] && kill \$(cat \$f); true" \
+        || true
+    say "stopped the hosts' Slurm"
+}
+
 case ${1:-} in
     start) start ;;
     stop) stop ;;
     status) status ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    start-hosts) start_hosts ;;
+    stop-hosts) stop_hosts ;;
+    *) echo "usage: $0 start|stop|status|start-hosts|stop-hosts" >&2; exit 2 ;;
 esac
+
