@@ -217,8 +217,9 @@ status() {
 # each knowing itself by its hostname; munge is this machine's (its socket is on the shared file system).  The
 # configuration is HOSTS_STATE/slurm.conf, which the client commands find through SLURM_CONF: run them on a host,
 #   launch/hosts.py run node1 env SLURM_CONF=/var/tmp/mpifl-slurm-hosts/slurm.conf sbatch -N 2 slurm/X.sh
-# (this machine's own network does not reach the hosts').  A node is declared down after 10 s without an answer
-# (SlurmdTimeout), and a batch job on a failed node is requeued (JobRequeue=1, the scripts' --requeue).
+# (this machine's own network does not reach the hosts').  A node is declared down after 6 s without an answer
+# (SlurmdTimeout), a batch job on a failed node is requeued (JobRequeue=1, the scripts' --requeue), and the
+# processes of a job ended are killed 5 s after their SIGTERM (KillWait): small figures, for tests.
 HOSTS_STATE=${MPIFL_SLURM_HOSTS_STATE:-/var/tmp/mpifl-slurm-hosts}
 HOSTS=$(dirname "$(readlink -f "$0")")/hosts.py
 
@@ -265,9 +266,9 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
-KillWait=30
+KillWait=5
 JobRequeue=1
-SlurmdTimeout=10
+SlurmdTimeout=6
 GresTypes=gpu
 EOF
     for node in "$@"; do

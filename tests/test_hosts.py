@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -391,3 +392,64 @@ def test_a_node_lost_ends_the_job_in_bounded_time_and_the_run_resumes_on_the_nod
     assert "its clients were on 2 client ranks, now placed on 1" in resumed.stdout
     assert placement_free(run) == uninterrupted
     assert spilled("node1") == []  # the dead rank's folder swept, the resumed rank's own removed at its end
+
+
+# ---------------------------------------------------------------- Slurm over two nodes
+
+SLURM_CONF = "/var/tmp/mpifl-slurm-hosts/slurm.conf"  # launch/local-slurm.sh start-hosts writes it
+
+
+def slurm(*args: str) -> str:
+    """A Slurm client command, run on node1 (this machine's network does not reach the hosts')."""
+    return hosts("run", "node1", "env", f"SLURM_CONF={SLURM_CONF}", *args)
+
+
+@pytest.fixture(scope="module")
+def slurm_on_hosts(nodes):
+    """A Slurm whose nodes are the three hosts (launch/local-slurm.sh start-hosts), stopped afterwards."""
+    if open_mpi():
+        pytest.skip("srun starts MPICH's ranks here (PMI-2); the Open MPI rerun covers its own launcher")
+    if not shutil.which("slurmd"):
+        message = "Slurm is not installed (launch/local-slurm.sh start installs Debian's)"
+        if os.environ.get("MPIFL_REQUIRE_SLURM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    start = subprocess.run([str(REPO / "launch" / "local-slurm.sh"), "start-hosts"], capture_output=True, text=True,
+                           timeout=300)
+    assert start.returncode == 0, start.stderr
+    yield
+    subprocess.run([str(REPO / "launch" / "local-slurm.sh"), "stop-hosts"], capture_output=True, timeout=120)
+
+
+def job_field(job: str, field: str) -> str:
+    return re.search(rf"\b{field}=(\S*)", slurm("scontrol", "show", "job", job)).group(1)
+
+
+def test_slurm_runs_a_script_over_two_nodes_and_a_job_whose_node_fails_resumes_on_others(slurm_on_hosts, up, data_root,
+                                                                                         tmp_path):
+    """``sbatch -N 2 slurm/styledigits.sh``: its six ranks on two nodes, three each.  Its second node killed after
+    a checkpoint: Slurm declares the node down (SlurmdTimeout, 10 s), requeues the job (the script's --requeue), which
+    runs on the two nodes left and resumes the run from its checkpoint, ending with the uninterrupted numbers.
+    (This Slurm declares a node down after 6 s and kills a job's processes 5 s after asking them to end.)"""
+    extra = ("--model", "smallcnn", "--rounds", "5", "--local-epochs", "1", "--samples-per-client", "320",
+             "--threads", "1")
+    reference = run_here("--data-root", str(data_root), "--algo", "fedavg", "--batch-size", "32", "--lr", "0.01",
+                         "--ckpt-every", "1", *extra, "--out", str(tmp_path / "uninterrupted"))  # the script's options
+    assert reference.returncode == 0, reference.stderr
+    job = slurm("env", "-C", str(tmp_path), f"MPIFL_VENV={Path(sys.executable).parent.parent}",
+                f"MPIFL_DATA_ROOT={data_root}", f"MPIFL_RUNS={tmp_path / 'runs'}", "MPIFL_CKPT_EVERY=1",
+                f"MPIFL_ARGS={' '.join(extra)}", "sbatch", "--parsable", "-N", "2", "--ntasks-per-node=3",
+                str(REPO / "slurm" / "styledigits.sh")).strip()
+    run = tmp_path / "runs" / f"mpifl-styledigits-{job}"
+    try:
+        wait_for(lambda: (run / "checkpoint" / "meta.json").is_file(), 120, "the job's first checkpoint")
+        first, second = re.fullmatch(r"node\[?(\d)[,-](\d)\]?", job_field(job, "NodeList")).groups()
+        assert job_field(job, "BatchHost") == f"node{first}"
+        hosts("kill", f"node{second}")
+        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, f"job {job} to be requeued and complete")
+    finally:
+        slurm("scancel", job)
+    assert job_field(job, "Restarts") == "1" and f"node{second}" not in job_field(job, "NodeList")
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    assert re.search(r"mpifl-slurm: job \d+ restart 1 on node", output) and "resuming after round" in output
+    assert placement_free(run) == placement_free(tmp_path / "uninterrupted")
