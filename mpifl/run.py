@@ -18,12 +18,13 @@ if __name__ == "__main__":  # before the heavy imports: a rank failing in them m
 
     from mpifl.process.abort import abort_on_uncaught
     from mpifl.process.faults import maybe_inject
-    from mpifl.process.world import launched_world, launcher_mismatch, launcher_rank
+    from mpifl.process.world import forget_inherited_launcher, launched_world, launcher_mismatch
 
+    forget_inherited_launcher()  # a child of a launched process runs without a launcher
     refused = launcher_mismatch()  # before any option is read: each process would run the whole job alone
     if refused:
-        if launcher_rank() == 0:
-            sys.stderr.write(refused + "\n")
+        if refused.says_it:
+            sys.stderr.write(refused.line + "\n")
         sys.exit(2)
     rank, size = launched_world()
     if size > 1:

