@@ -11,7 +11,8 @@ an evaluation every round and a checkpoint after the last (CCST on random AdaIN 
 of 32 images per client).  Its fingerprint is the sha256 of its ``metrics.jsonl`` without the timing and memory
 fields, and of every tensor of its last checkpoint: the server's state and each client's private state.  The
 numbers are those of the checkout ``--code`` names (default: the one this script is in), whose
-``python -m mpifl.run`` runs them; the fingerprints are computed here, so two checkouts of different layouts
+``python -m mpifl.run`` runs them (a folder without mpifl, or one whose Python would import another mpifl, such
+as an installed one, is refused); the fingerprints are computed here, so two checkouts of different layouts
 compare.  An algorithm whose run fails is recorded as ``failed: <its last line>``.
 """
 
@@ -87,6 +88,23 @@ def fingerprint(run: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def algorithms_of(code: Path, env: dict) -> list[str]:
+    """The algorithms of the mpifl in checkout ``code``, as ``python -m mpifl.run`` started there with ``env`` sees
+    them; one line (exit) when ``code`` holds no mpifl or that Python would import another (an installed one)."""
+    if not (code / "mpifl" / "__init__.py").is_file():
+        what = "does not exist" if not code.exists() else "holds no mpifl package (mpifl/__init__.py)"
+        sys.exit(f"fingerprint: --code {code} {what}; pass a checkout of mpifl")
+    listing = "import mpifl; from mpifl.algorithms import ALGORITHMS; print(mpifl.__file__); print(*ALGORITHMS)"
+    job = subprocess.run([sys.executable, "-c", listing], cwd=code, env=env, capture_output=True, text=True)
+    if job.returncode:
+        sys.exit(f"fingerprint: cannot import the mpifl of {code}: {(job.stderr.strip().splitlines() or ['?'])[-1]}")
+    imported, names = job.stdout.splitlines()[-2:]
+    if Path(imported).resolve().parent != (code / "mpifl").resolve():
+        sys.exit(f"fingerprint: --code {code}: its Python imports mpifl from {Path(imported).parent}, not from "
+                 f"{code / 'mpifl'}; the numbers would not be that checkout's")
+    return names.split()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="a new folder: data, runs and fingerprints.json go there")
@@ -100,8 +118,7 @@ def main() -> None:
         sys.exit(f"fingerprint: {args.out} exists; pass a new folder")
     code = args.code.resolve()
     env = {**os.environ, "PYTHONPATH": str(code)}
-    registered = subprocess.run([sys.executable, "-c", "from mpifl.algorithms import ALGORITHMS; print(*ALGORITHMS)"],
-                                cwd=code, env=env, capture_output=True, text=True, check=True).stdout.split()
+    registered = algorithms_of(code, env)
     unknown = [a for a in args.algos if a not in registered]
     if unknown:
         sys.exit(f"fingerprint: unknown algorithm {', '.join(unknown)}; choose from {', '.join(registered)}")

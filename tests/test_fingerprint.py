@@ -15,7 +15,6 @@ import torch
 
 from .conftest import REPO, launch_script
 
-pytestmark = pytest.mark.slow
 SCRIPT = REPO / "launch" / "fingerprint.py"
 
 
@@ -24,6 +23,7 @@ def fingerprint():
     return launch_script("fingerprint")
 
 
+@pytest.mark.slow
 def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tensor(fingerprint, tmp_path):
     job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "fedbn"], capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
@@ -60,6 +60,7 @@ def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tenso
     assert fingerprint.fingerprint(run) != value
 
 
+@pytest.mark.slow
 def test_an_existing_folder_and_an_unknown_algorithm_are_refused(fingerprint, tmp_path, monkeypatch):
     for args, line in (([str(tmp_path)], f"fingerprint: {tmp_path} exists; pass a new folder"),
                        ([str(tmp_path / "x"), "fedfoo"], "fingerprint: unknown algorithm fedfoo; choose from ")):
@@ -68,3 +69,37 @@ def test_an_existing_folder_and_an_unknown_algorithm_are_refused(fingerprint, tm
             fingerprint.main()
         assert refused.value.code.startswith(line)
     assert not (tmp_path / "x").exists()
+
+
+def _refused(fingerprint, monkeypatch, *args) -> str:
+    monkeypatch.setattr(sys, "argv", ["fingerprint.py", *map(str, args)])
+    with pytest.raises(SystemExit) as refused:
+        fingerprint.main()
+    return refused.value.code
+
+
+def _checkout(path, init: str = "", sitecustomize: str = ""):
+    (path / "mpifl").mkdir(parents=True)
+    (path / "mpifl" / "__init__.py").write_text(init)
+    if sitecustomize:
+        (path / "sitecustomize.py").write_text(sitecustomize)
+    return path
+
+
+@pytest.mark.parametrize("make,said", [
+    (lambda p: p / "nowhere", "does not exist; pass a checkout of mpifl"),
+    (lambda p: p.mkdir() or p, "holds no mpifl package (mpifl/__init__.py); pass a checkout of mpifl"),
+    (lambda p: _checkout(p / "old", init="raise ImportError('half a checkout')"),
+     "cannot import the mpifl of {code}: ImportError: half a checkout"),
+    # its Python would take another mpifl first (here: this checkout's, imported as the interpreter starts)
+    pytest.param(lambda p: _checkout(p / "old", sitecustomize=f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+                                                               "import mpifl\n"),
+                 "its Python imports mpifl from " + str(REPO / "mpifl") + ", not from {code}/mpifl; the numbers would "
+                 "not be", marks=pytest.mark.slow),  # a child that imports torch
+])
+def test_code_that_is_not_a_checkout_whose_numbers_it_would_give_is_refused_in_one_line(fingerprint, tmp_path,
+                                                                                        monkeypatch, make, said):
+    code = make(tmp_path / "code")
+    line = _refused(fingerprint, monkeypatch, tmp_path / "out", "fedbn", "--code", code)
+    assert line.startswith(f"fingerprint: ") and said.format(code=code) in line and "\n" not in line, line
+    assert not (tmp_path / "out").exists()
