@@ -96,30 +96,56 @@ FRACTIONS = (0.8, 0.2)
 VAL_FRACTION = 0.1
 FEDBN_PARTITION_SIZE = 743
 _TITLE = "Digits-Five (MNIST, SVHN, USPS, SynthDigits, MNIST-M)"
+_READ_BYTES = 1 << 22  # read_idx reads its data in pieces of this size
 
 
 # ---------------------------------------------------------------- readers
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX file of unsigned bytes (gzipped when named ``*.gz``) as a uint8 array."""
+    """An IDX file of unsigned bytes (gzipped when named ``*.gz``) as a uint8 array.  The header's counts are
+    checked against the file's size before the data are read (for a gzip file, the inflated size its trailer
+    records), and the data are read in bounded pieces, so that memory stays within what the header announces
+    whatever the file inflates to (a gzip bomb)."""
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = path.read_bytes()
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
+            head = f.read(4)
+            if len(head) < 4 or head[:3] != b"\0\0\x08":
+                raise MpiflError(f"{path} is not an IDX file of unsigned bytes; download the file again")
+            shape = f.read(4 * head[3])
+            if len(shape) < 4 * head[3]:
+                raise MpiflError(f"{path} is not an IDX file of unsigned bytes; download the file again")
+            dims = struct.unpack(f">{head[3]}I", shape)
+            expected = 4 + len(shape) + int(np.prod(dims, dtype=object))
+            if not _may_hold(path, expected):
+                why = "its gzip trailer and size say otherwise" if path.suffix == ".gz" else "the file has another size"
+                raise MpiflError(f"{path} is not the {expected} bytes its header {dims} says ({why}): it is cut short "
+                                 "or not the published file; download the file again")
+            pixels = np.empty(expected - 4 - len(shape), np.uint8)
+            view, done = memoryview(pixels), 0
+            while done < len(view):
+                got = f.readinto(view[done:done + _READ_BYTES])
+                if not got:
+                    break
+                done += got
+            if done < len(view) or f.read(1):
+                raise MpiflError(f"{path} holds {'less' if done < len(view) else 'more'} data than its header {dims} "
+                                 "says: it is cut short or not the published file; download the file again")
     except (OSError, EOFError, zlib.error) as e:
         raise MpiflError(f"cannot read {path} ({e}); download the file again") from None
-    if len(data) < 4 or data[:3] != b"\0\0\x08" or len(data) < 4 + 4 * data[3]:
-        raise MpiflError(f"{path} is not an IDX file of unsigned bytes; download the file again")
-    ndim = data[3]
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    pixels = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
-    if pixels.size != int(np.prod(dims)):
-        raise MpiflError(f"{path} holds {pixels.size} bytes of data, its header says {dims}; the file is "
-                         "truncated: download it again")
     return pixels.reshape(dims)
+
+
+def _may_hold(path: Path, nbytes: int) -> bool:
+    """Whether ``path`` can hold ``nbytes`` of data, found without inflating anything: a plain file has that size;
+    a gzip file records it in its trailer (modulo 2**32) and cannot inflate beyond deflate's ratio of 1032."""
+    size = path.stat().st_size
+    if path.suffix != ".gz":
+        return size == nbytes
+    with path.open("rb") as f:
+        f.seek(max(size - 4, 0))
+        trailer = f.read(4)
+    return len(trailer) == 4 and struct.unpack("<I", trailer)[0] == nbytes % (1 << 32) and nbytes <= 1032 * size
 
 
 def _loadmat(path: Path) -> dict:

@@ -69,6 +69,7 @@ from typing import Callable
 
 from mpifl.errors import MpiflError
 from mpifl.data.images import RESIZE_NOTE
+from mpifl.data.links import check_link
 from mpifl.data.listed import ListedDomain, write_listed
 from mpifl.data.manifest import DatasetManifest
 from mpifl.data.names import MATCHING, Aliases, folder_key
@@ -187,7 +188,12 @@ def _visible_dirs(path: Path) -> list[Path]:
 
 
 def _is_image(path: Path) -> bool:
-    return path.suffix.lower() in IMAGE_EXTENSIONS and not path.name.startswith(".") and path.is_file()
+    """Whether ``path`` is an image file, by its name; one line for an image whose symbolic link leads nowhere
+    (skipped, it would change the dataset without a word)."""
+    if path.suffix.lower() not in IMAGE_EXTENSIONS or path.name.startswith("."):
+        return False
+    check_link(path, "image")
+    return path.is_file()
 
 
 def _holds_data(path: Path) -> bool:

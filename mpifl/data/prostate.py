@@ -60,6 +60,7 @@ from PIL import Image
 
 from mpifl.errors import MpiflError
 from mpifl.data.arrays import check_size, visible_dirs
+from mpifl.data.links import check_link
 from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.names import Aliases
 from mpifl.data.shard import SPLITS, ShardWriter
@@ -140,9 +141,12 @@ def _nifti(name: str) -> tuple[str, bool] | None:
 def scan_site(site: str, folder: Path) -> list[Case]:
     """The cases in ``folder`` in name order, every volume paired with its mask."""
     files: dict[bool, dict[str, tuple[str, Path]]] = {False: {}, True: {}}
-    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+    for path in sorted(folder.iterdir()):
         kind = _nifti(path.name)
         if kind is None:
+            continue
+        check_link(path, "NIfTI file")
+        if not path.is_file():
             continue
         case, is_mask = kind
         _, other = files[is_mask].setdefault(case.casefold(), (case, path))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import re
 import struct
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import h5py
@@ -16,7 +19,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from mpifl.data.__main__ import cli
-from mpifl.data.digits import DOMAINS, _read_pickle, prepare_digits
+from mpifl.data.digits import DOMAINS, _read_pickle, prepare_digits, read_idx
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.shard import SPLITS, Shard
 from mpifl.errors import MpiflError
@@ -379,6 +382,44 @@ def test_malformed_sources_fail_cleanly(tmp_path, breakage, message):
         prepare_digits(src, out)
     assert message in str(e.value) and "\n" not in str(e.value)
     assert _no_shards(out)
+
+
+def _gzip_bomb(path: Path, dims: tuple[int, ...], inflated: int, forge_trailer: bool) -> None:
+    """A gzip IDX file whose header announces ``dims`` and which inflates to ``inflated`` bytes of zeros (built in
+    pieces: nothing that size is held or written); ``forge_trailer``: its trailer records the header's size."""
+    header = struct.pack(">BBBB", 0, 0, 8, len(dims)) + struct.pack(f">{len(dims)}I", *dims)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip format
+    parts, zeros = [packer.compress(header)], bytes(1 << 24)
+    for _ in range(inflated // len(zeros)):
+        parts.append(packer.compress(zeros))
+    data = b"".join(parts) + packer.flush()
+    if forge_trailer:
+        data = data[:-4] + struct.pack("<I", (len(header) + int(np.prod(dims))) % (1 << 32))
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("forge_trailer,words", [
+    (False, "gzip trailer and size say otherwise"),  # refused before inflating the data
+    (True, "holds more data than its header (1000, 28, 28) says"),  # refused after reading what the header says
+])
+def test_a_gzip_bomb_is_refused_within_the_memory_its_header_announces(tmp_path, forge_trailer, words):
+    src = tmp_path / "src"
+    write_mnist(src / "mnist")
+    bomb = src / "mnist" / "train-images-idx3-ubyte.gz"
+    _gzip_bomb(bomb, (1000, 28, 28), 256 << 20, forge_trailer)
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(MpiflError) as e:
+            read_idx(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(bomb) in str(e.value) and words in str(e.value) and "download the file again" in str(e.value)
+    assert peak < (1 << 20 if not forge_trailer else 16 << 20), peak  # the header's 0.8 MB and a piece or two
+    with pytest.raises(MpiflError, match=re.escape(words)):
+        prepare_digits(src, tmp_path / "out")
+    assert _no_shards(tmp_path / "out")
 
 
 def test_cli_prepare_digits(tmp_path):

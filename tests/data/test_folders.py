@@ -246,9 +246,22 @@ def break_nested_folder(src):
     return ("unexpected folder", "more")
 
 
+def break_dangling_link(src):
+    link = src / "photo" / "dog" / "gone.jpg"
+    link.symlink_to(src / "nowhere.jpg")
+    return ("image", link, "symbolic link that leads to", "which does not exist")
+
+
+def break_looping_link(src):
+    link = src / "cartoon" / "house" / "loop.JPG"
+    link.symlink_to(link)
+    return ("image", link, "symbolic link that loops")
+
+
 @pytest.mark.parametrize("damage", [break_missing_class, break_empty_class, break_unknown_class,
                                     break_unreadable_image, break_truncated_png, break_unknown_domain,
-                                    break_missing_domain, break_nested_folder])
+                                    break_missing_domain, break_nested_folder, break_dangling_link,
+                                    break_looping_link])
 def test_malformed_source_is_one_line_error_and_leaves_nothing(tmp_path, damage):
     src = tmp_path / "src"
     pacs_tree(src, per_class=2)

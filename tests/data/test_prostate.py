@@ -258,7 +258,14 @@ def break_too_few_slices(src):
     return "site BIDMC", "has only 3 slices with prostate, so its val and test splits would be empty"
 
 
-BREAKS = [break_soft_mask, break_too_few_slices, break_missing_site, break_volume_without_mask, break_mask_without_volume, break_shape_mismatch,
+def break_dangling_volume(src):
+    link = _site(src, "HK") / "Case07.nii.gz"
+    link.symlink_to(src / "elsewhere" / "Case07.nii.gz")
+    return "NIfTI file", str(link), "symbolic link that leads to", "which does not exist"
+
+
+BREAKS = [break_dangling_volume, break_soft_mask, break_too_few_slices, break_missing_site, break_volume_without_mask,
+          break_mask_without_volume, break_shape_mismatch,
           break_unreadable_volume, break_not_a_volume, break_constant_volume, break_two_folders_for_a_site,
           break_two_volumes_for_a_case, break_empty_masks, break_empty_site]
 
