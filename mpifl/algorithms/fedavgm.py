@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import MpiflError
 from ..plan.config import Option
-from .core.deltas import SERVER_LR, trainable_keys
+from .core.deltas import SERVER_LR, check_server_lr, trainable_keys
 from .fedavg import FedAvg
 
 MOMENTUM = "fedavgm.momentum/"
@@ -42,6 +43,9 @@ class FedAvgM(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
+        check_server_lr(cfg)
+        if not 0 <= cfg.opt("server_momentum") < 1:  # at 1 and above v never decays: the model runs away
+            raise MpiflError(f"--server-momentum must be in [0, 1), got {cfg.opt('server_momentum')}")
         self.params = trainable_keys(self)
 
     def init_server(self, initial):

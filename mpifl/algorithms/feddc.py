@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import MpiflError
 from ..plan.config import Option
 from .core.deltas import (
     ALPHA,
@@ -111,6 +112,8 @@ class FedDC(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
+        if not cfg.opt("alpha") >= 0:  # a negative penalty rewards the drift it is there to bound
+            raise MpiflError(f"--alpha must be >= 0, got {cfg.opt('alpha')}")
         self.code = cfg.opt("feddc_rule") == "code"
         self.params = trainable_keys(self)
         self.mean_train = 0.0

@@ -57,6 +57,7 @@ import torch
 from .core.deltas import (
     SERVER_LR,
     add_to_grads,
+    check_server_lr,
     parameters,
     solver_norm,
     trainable_keys,
@@ -77,6 +78,7 @@ class Scaffold(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
+        check_server_lr(cfg)
         self.params = trainable_keys(self)
 
     def extra_download(self):

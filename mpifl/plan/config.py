@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -185,9 +186,12 @@ def coerce(name: str, value: Any, kind: type) -> Any:
             return bool(value)
         if kind is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)
-        return kind(value)
+        number = kind(value)
     except (TypeError, ValueError):
         raise MpiflError(f"option {name} must be {kind.__name__}, got {value!r}")
+    if kind is float and not math.isfinite(number):  # nan, inf, 1e400: no option means them
+        raise MpiflError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+    return number
 
 
 def check(cfg: RunConfig) -> None:

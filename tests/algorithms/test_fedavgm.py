@@ -6,6 +6,7 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.fedavgm import MOMENTUM
+from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
 from .helpers import aggregate, client_meta, make_algo, run_two_rounds
@@ -88,3 +89,14 @@ def test_over_mpi_momentum_acts_from_the_second_round(data_root, tmp_path):
     assert m1["bytes"] == a1["bytes"]  # the same wire
     np.testing.assert_allclose(_losses(m1), _losses(a1), rtol=1e-6)
     assert np.abs(np.array(_losses(m2)) - np.array(_losses(a2))).max() > 1e-4
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"server_lr": -1.0}, "--server-lr must be > 0, got -1.0"),
+    ({"server_lr": 0.0}, "--server-lr must be > 0, got 0.0"),
+    ({"server_momentum": -0.1}, r"--server-momentum must be in \[0, 1\), got -0.1"),
+    ({"server_momentum": 1.0}, r"--server-momentum must be in \[0, 1\), got 1.0"),
+])
+def test_a_server_step_or_momentum_out_of_range_is_refused_in_one_line(options, words):
+    with pytest.raises(MpiflError, match=f"^{words}$"):
+        make_algo("fedavgm", **options)

@@ -243,3 +243,8 @@ def test_two_rounds_over_mpi(data_root, tmp_path):
         assert record["bytes"]["down"] == 5 * (2 * params + stats)  # w (model) + g
         assert record["bytes"]["up"] == 5 * (2 * params + stats)  # theta + h, Delta theta, BN statistics
         assert math.isfinite(record["train"]["loss"])
+
+
+def test_a_negative_drift_penalty_is_refused_in_one_line():
+    with pytest.raises(MpiflError, match=r"^--alpha must be >= 0, got -0.5$"):
+        make_algo("feddc", alpha=-0.5)

@@ -8,6 +8,7 @@ import torch
 
 from mpifl.algorithms import Uploads
 from mpifl.algorithms.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
+from mpifl.errors import MpiflError
 from mpifl.plan.clients import ClientSpec
 from mpifl.models import build_model, state_entries
 
@@ -150,3 +151,9 @@ def test_two_rounds_over_mpi_carry_the_variates(data_root, tmp_path):
         assert len(record["clients"]) == 5  # 10 clients, fraction 0.5
         assert record["bytes"]["down"] == record["bytes"]["up"] == 5 * (2 * params + stats)  # model + c / Delta c
         assert math.isfinite(record["train"]["loss"])
+
+
+@pytest.mark.parametrize("server_lr", [-1.0, 0.0])
+def test_a_server_learning_rate_not_above_zero_is_refused_in_one_line(server_lr):
+    with pytest.raises(MpiflError, match=f"^--server-lr must be > 0, got {server_lr}$"):
+        make_algo("scaffold", server_lr=server_lr)

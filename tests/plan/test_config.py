@@ -1,9 +1,13 @@
+import dataclasses
 import json
 
 import pytest
 
+from mpifl.algorithms import all_options
 from mpifl.plan.config import Option, RunConfig, check, read_config_file, resolve
 from mpifl.errors import MpiflError
+
+from ..conftest import run_here
 
 MU = {"mu": Option("mu", float, 0.01, "prox")}
 
@@ -54,3 +58,36 @@ def test_flat_round_trip():
     cfg = resolve({}, {"seed": 4}, MU)
     again = resolve(cfg.to_flat(), {}, MU)
     assert again == cfg
+
+
+def _float_options():
+    core = [f.name for f in dataclasses.fields(RunConfig) if isinstance(f.default, float)]
+    methods = [o.name for o in all_options().values() if o.type is float]
+    return [(name, None) for name in core] + [(name, all_options()[name]) for name in methods]
+
+
+@pytest.mark.parametrize("name,option", _float_options())
+def test_every_float_option_core_or_method_refuses_a_number_that_is_not_finite(name, option):
+    declared = {name: option} if option else {}
+    for value in ("nan", "inf", "-inf", "1e400", float("nan"), float("-inf")):
+        with pytest.raises(MpiflError) as error:
+            resolve({name: value}, {}, declared)  # from a file (strings or numbers), as from the command line
+        assert str(error.value).startswith(f"--{name.replace('_', '-')} must be a finite number, got "), value
+    assert resolve({}, {name: "1e-3"}, declared).to_flat()[name] == 1e-3
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--lr", "inf"), "--lr must be a finite number, got inf"),
+    (("--lr", "1e400"), "--lr must be a finite number, got inf"),
+    (("--algo", "fedprox", "--mu", "nan"), "--mu must be a finite number, got nan"),
+    (("--algo", "fedavgm", "--server-lr", "nan"), "--server-lr must be a finite number, got nan"),
+    (("--algo", "fedavgm", "--server-momentum", "nan"), "--server-momentum must be a finite number, got nan"),
+    (("--algo", "fedprox", "--mu", "-1"), "--mu must be >= 0 (0 is FedAvg), got -1.0"),
+    (("--algo", "fedavgm", "--server-lr", "-1"), "--server-lr must be > 0, got -1.0"),
+])
+def test_the_issues_options_are_refused_in_one_line_before_anything_is_written(data_root, tmp_path, args, words):
+    job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--rounds", "1", "--out",
+                   str(tmp_path / "run"), *args)
+    assert job.returncode == 2
+    assert (job.stdout + job.stderr).strip().splitlines() == [f"mpifl: error: {words}"], job.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...errors import MpiflError
 from ...plan.config import Option
 from ...transport.wire import TensorSpec
 
@@ -25,6 +26,12 @@ SERVER_LR = Option("server_lr", float, 1.0,
                    "server (global) learning rate: x <- x + server_lr * (aggregated update)")
 ALPHA = Option("alpha", float, 0.01,
                "regularization weight alpha (FedDyn: dynamic regularizer; FedDC: drift penalty)")
+
+
+def check_server_lr(cfg) -> None:
+    """``--server-lr`` is a step size: above 0 (at 0 the global model never moves, below it moves uphill)."""
+    if not cfg.opt("server_lr") > 0:
+        raise MpiflError(f"--server-lr must be > 0, got {cfg.opt('server_lr')}")
 
 
 def trainable_keys(algo) -> list[str]:
