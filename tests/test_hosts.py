@@ -272,6 +272,21 @@ def test_each_client_rank_binds_a_gpu_of_its_own_node(up, tmp_path):
     assert [r["device"] for r in ranks] == [None, "cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
 
 
+def test_a_run_directory_that_the_nodes_do_not_share_is_refused_and_left_as_it_was(up, data_root):
+    """``--out`` on node-local disk (each host's TMPDIR): the client rank on node2 sees no run directory, and the
+    client ranks write their part of each checkpoint into it; refused in one line, rank 0's new directory removed."""
+    run = "/run/mpifl-hosts/node-tmp/run"  # every host's own tmpfs at this path
+    job = across({"node1": 2, "node2": 1}, "--data-root", str(data_root), *TINY, "--rounds", "1", "--out", run,
+                 timeout=120)
+    assert job.returncode == 2
+    pid = re.search(r"rank 2 \(pid (\d+) on node2\)", job.stderr)
+    assert job.lines("mpifl: ") == [f"mpifl: error: --out {run} is not on a file system that every node shares: rank "
+                                    f"2 (pid {pid.group(1)} on node2) cannot see the config.json rank 0 wrote there (on "
+                                    "node1), and the client ranks write their part of each checkpoint into it; pass "
+                                    "an --out on a shared file system"], job.stderr
+    assert run_on("node1", f"ls {run} 2>/dev/null; echo end") == "end\n"
+
+
 # ---------------------------------------------------------------- a node lost
 
 def spilled(host: str) -> list[str]:

@@ -45,6 +45,9 @@ def _guarded(function):
         except MpiflError as exc:
             click.echo(f"mpifl: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a file that vanished or a disk that filled up while reading or writing
+            click.echo(f"mpifl: error: {exc}; check it and run the analysis again", err=True)
+            sys.exit(2)
     return run
 
 
@@ -53,11 +56,15 @@ def main() -> None:
     """Analyses over a run's checkpoint (run with --ckpt-every N): CSV tables and PNG figures."""
 
 
-def _load(run_dir, data_root, device, clients):
+def _load(run_dir, out, data_root, device, clients):
+    """The run at its checkpoint, the clients to analyse, and the output folder, found writable before the work."""
     from mpifl.analysis import load_checkpointed, pick_clients
+    from mpifl.rundir.directory import check_output_folder
 
     ckpt = load_checkpointed(run_dir, data_root, device)
-    return ckpt, pick_clients(ckpt, clients)
+    folder = Path(out) if out else Path(run_dir) / "analysis"
+    check_output_folder(folder, "pass --out DIR to write the analysis elsewhere")
+    return ckpt, pick_clients(ckpt, clients), folder
 
 
 def _title(ckpt) -> str:
@@ -71,9 +78,9 @@ def bn_divergence(run_dir, out, models, clients, data_root, device) -> None:
     """BN running-statistic divergence per layer, between clients and client vs server (FedWon Fig. 1b/12)."""
     from mpifl.analysis import bn_divergence as analysis
 
-    ckpt, ids = _load(run_dir, data_root, device, clients)
+    ckpt, ids, folder = _load(run_dir, out, data_root, device, clients)
     result = analysis.compute(ckpt, ids, models)
-    files = analysis.write(result, Path(out) if out else Path(run_dir) / "analysis", _title(ckpt))
+    files = analysis.write(result, folder, _title(ckpt))
     click.echo(f"{_title(ckpt)}: {len(result.layers)} BN layers, models {', '.join(result.models)}; {result.note}")
     for kind, values in result.summary().items():
         click.echo(f"  {kind}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items())
@@ -89,9 +96,9 @@ def feature_similarity(run_dir, out, models, clients, data_root, device, images)
     """Cosine similarity of last-conv feature maps between client models and with the server (FedWon Fig. 5)."""
     from mpifl.analysis import feature_similarity as analysis
 
-    ckpt, ids = _load(run_dir, data_root, device, clients)
+    ckpt, ids, folder = _load(run_dir, out, data_root, device, clients)
     result = analysis.compute(ckpt, ids, models, images)
-    files = analysis.write(result, Path(out) if out else Path(run_dir) / "analysis", _title(ckpt))
+    files = analysis.write(result, folder, _title(ckpt))
     summary = result.summary()
     click.echo(f"{_title(ckpt)}: layer {result.layer}; {result.note}")
     click.echo(f"  mean cosine similarity of feature maps: C<->C {summary['C<->C']:.4f}, "

@@ -37,7 +37,6 @@ says when that happened.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +46,9 @@ from torch import nn
 from mpifl.algorithms import ClientState, all_options, get_algorithm
 from mpifl.client.private_store import PrivateStore
 from mpifl.data import ensure_dataset
+from mpifl.data.manifest import build_of
 from mpifl.errors import MpiflError
-from mpifl.plan.config import RunConfig, resolve
+from mpifl.plan.config import RunConfig, read_config_file, resolve
 from mpifl.rundir.checkpoint import UnusableCheckpoint, load_adopted, load_clients, load_server, verify
 from mpifl.rundir.checkpoint import load as load_meta
 from mpifl.rundir.names import CONFIG
@@ -62,7 +62,7 @@ def run_config(run_dir: Path, data_root: str | None = None) -> RunConfig:
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise MpiflError(f"{run_dir} has no config.json; pass the run directory of a run with a checkpoint")
-    flat = json.loads(path.read_text())
+    flat = read_config_file(path)
     algo = get_algorithm(flat.get("algo", RunConfig.algo))
     declared = {o.name: o for o in algo.options}
     known = {k: v for k, v in flat.items() if k not in all_options() or k in declared}
@@ -203,7 +203,7 @@ def load_checkpointed(run_dir: str | Path, data_root: str | None = None, device:
     manifest = ensure_dataset(cfg.data_root, cfg.data)
     session = make_session(cfg, manifest, num_hosts=1, labels=read_labels(cfg, manifest))
     try:
-        meta = load_meta(run_dir, cfg, len(session.clients))
+        meta = load_meta(run_dir, cfg, len(session.clients), build_of(manifest))
         verify(run_dir, meta)
         server = load_server(run_dir, meta)
         store = PrivateStore(session.algo, {c.id: c for c in session.clients}, session.initial, torch.device("cpu"),

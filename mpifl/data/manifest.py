@@ -251,8 +251,26 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
     return manifest
 
 
+def build_of(manifest: DatasetManifest) -> dict:
+    """What tells one build of a dataset from another (a checkpoint records it): its image size and each shard's
+    sha256, as ``prepare`` wrote them into the manifest."""
+    return {"image_size": list(manifest.image_size),
+            "shards": {domain: manifest.shards[domain]["sha256"] for domain in manifest.domains}}
+
+
+def build_difference(before: dict, now: dict) -> str | None:
+    """How build ``now`` differs from ``before`` (:func:`build_of`), in a few words; None when it is the same."""
+    if before["image_size"] != now["image_size"]:
+        return "images {}x{}, now {}x{}".format(*before["image_size"], *now["image_size"])
+    domains = set(before["shards"]) | set(now["shards"])
+    changed = sorted(d for d in domains if before["shards"].get(d) != now["shards"].get(d))
+    return f"other shards of {', '.join(changed)} (sha256)" if changed else None
+
+
 def _disagreement(manifest: DatasetManifest, domain: str, shard: Shard) -> str | None:
-    """What a shard's sizes/classes/shape contradict in the manifest, or None."""
+    """What a shard's own name, sizes, classes or shape contradict in the manifest, or None."""
+    if (shard.dataset, shard.domain) != (manifest.name, domain):  # another domain's file copied over this one
+        return f"it says it is dataset {shard.dataset!r} domain {shard.domain!r}"
     if shard.sizes != manifest.splits[domain]:
         return f"split sizes {shard.sizes} but manifest says {manifest.splits[domain]}"
     if shard.classes != list(manifest.classes):
@@ -268,7 +286,7 @@ def _disagreement(manifest: DatasetManifest, domain: str, shard: Shard) -> str |
 def open_shard(root, manifest: DatasetManifest, domain: str) -> Shard:
     """Open ``domain``'s shard after checking it agrees with ``manifest``.
 
-    Cheap checks only (file length, split sizes, classes, image shape); the
+    Cheap checks only (file length, its own dataset and domain name, split sizes, classes, image shape); the
     sha256 is left to :func:`verify`.
     """
     path = manifest.shard_path(root, domain)

@@ -22,7 +22,7 @@ from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
 from ..plan.config import CORE_KEYS, RESUMABLE, Option, RunConfig, check, coerce, read_config_file, resolve
 from ..plan.normalize import resolve_input_norm
 from ..presets import apply_preset, describe_presets
-from ..rundir.names import CONFIG
+from ..rundir.directory import resumed_config
 
 _HELP = {
     "algo": "federated method: " + "; ".join(f"{n} = {c.summary.split(': ', 1)[-1]}" for n, c in ALGORITHMS.items()),
@@ -120,7 +120,8 @@ _HELP = {
                       "(results are identical; 0 keeps only the client in use); that state (personal entries, control "
                       "variates, kept optimizer state) is created when a client first trains",
     "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one run: a "
-           "directory holding a run's files, inside another run's, or in use by a live run is refused",
+           "directory holding a run's files or another run's directory, inside another run's, or in use by a live "
+           "run is refused (symbolic links and .. count where they lead)",
     "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
     "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
     "precision": "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast (weights, gradients "
@@ -232,9 +233,7 @@ def _resumed_config(run_dir: str, config_file: str | None, cli_values: dict) -> 
 
     Options given again (on the command line or in ``--config``) with the values the run has are accepted, so
     the command that started a run, plus ``--resume``, continues it; a real change is refused, named."""
-    path = Path(run_dir) / CONFIG
-    if not path.is_file():
-        raise MpiflError(f"--resume {run_dir}: no {CONFIG} there; pass the run directory of an earlier run")
+    path = resumed_config(Path(run_dir))
     stored = read_config_file(path)
     given = {**(read_config_file(config_file) if config_file else {}), **cli_values}
     unknown = sorted(k for k in given if k not in CORE_KEYS and k not in all_options())

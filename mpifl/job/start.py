@@ -35,6 +35,7 @@ import torch
 from ..client.devices import deterministic_kernels, pick_device, threads_for
 from ..client.host import ClientHost
 from ..data import ensure_dataset
+from ..data.manifest import build_of
 from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
@@ -44,9 +45,10 @@ from ..process.world import launched_world
 from ..rundir.checkpoint import Checkpoint, committed_round
 from ..rundir.checkpoint import load as load_checkpoint
 from ..rundir.checkpoint import verify as verify_checkpoint
-from ..rundir.directory import archive_attempt, check_new, claim, default_run_dir, open_new, write_config
-from ..rundir.names import LOG, SUMMARY_MD, holdout_fold, traceback_file
-from ..server.run_log import fold_summary
+from ..rundir.directory import (Kept, archive_attempt, check_new, claim, config_digest, default_run_dir, open_new,
+                                unmake_new, write_config)
+from ..rundir.names import CONFIG, LOG, METRICS, SUMMARY_MD, holdout_fold
+from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
 from ..session.session import Session, make_session, read_labels
 from ..transport.comm import Comm
@@ -125,8 +127,9 @@ def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWat
     base = Path(cfg.out) if cfg.out else default_run_dir(cfg)
 
     def check():
+        nonlocal base
         if comm.rank == 0:
-            check_new(base)
+            base = check_new(base)
             return ensure_dataset(cfg.data_root, cfg.data)
         return None
 
@@ -144,7 +147,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
     """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks it while the
     ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
     owner: DirectoryLock | None = None  # rank 0's claim on the run directory
-    traceback_dir: Path | None = None  # where a bug's traceback goes: the run directory once it is this run's
+    traceback_dir: Kept | None = None  # where a bug's traceback goes: the run directory once it is this run's
 
     def check_run_dir():
         nonlocal owner, traceback_dir
@@ -152,9 +155,9 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
             return None
         path = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         if resume:
-            owner, traceback_dir = claim(path), path
+            owner, traceback_dir = claim(path, resuming=True), Kept(path)
         else:
-            check_new(path)
+            path = check_new(path, cfg.holdout)
         return str(path), read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
 
     try:
@@ -166,13 +169,15 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         def setup_ranks():
             session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=comm.size - 1,
                                    labels=labels)
-            resumed = load_checkpoint(run_dir, cfg, len(session.clients)) if resume else None
+            resumed = (load_checkpoint(run_dir, cfg, len(session.clients), build_of(session.manifest)) if resume
+                       else None)
             if resumed and resumed.round >= cfg.rounds:
                 raise MpiflError(f"{run_dir} is checkpointed after round {resumed.round}; pass --rounds above "
                                  f"{resumed.round} to continue it")
             if comm.rank == 0:
                 if resumed:  # before any rank is told to go on: nothing is touched over a damaged checkpoint
                     verify_checkpoint(run_dir, resumed)
+                    read_records(run_dir / METRICS)  # or over records it could not continue
                 torch.set_num_threads(1)
                 return session, None, resumed
             torch.set_num_threads(threads_for(layout, cfg.threads))
@@ -198,7 +203,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
                 opened = run_dir
             else:
                 opened, owner = open_new(run_dir, cfg)
-            traceback_dir = opened
+            traceback_dir = Kept(opened)
             if watch is not None:
                 watch.run_dir = opened
             if owner is None:
@@ -207,24 +212,39 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
             return str(opened)
 
         run_dir = Path(comm.bcast_object(collectively(comm, lambda: traceback_dir, open_run_dir)))
+
+        seen = comm.allgather_object(config_digest(run_dir))  # what each rank sees of the directory rank 0 opened
+
+        def check_shared():  # each client rank writes its part of every checkpoint there
+            blind = [rank for rank, digest in enumerate(seen) if digest != seen[0]]
+            if blind:
+                if comm.rank == 0 and not resume:
+                    unmake_new(run_dir, owner)
+                raise MpiflError(f"--out {run_dir} is not on a file system that every node shares: "
+                                 f"{comm.describe(blind)} cannot see the {CONFIG} rank 0 wrote there (on "
+                                 f"{comm.host(0)}), and the client ranks write their part of each checkpoint into it; "
+                                 "pass an --out on a shared file system")
+
+        collectively(comm, lambda: traceback_dir, check_shared)
         if host is not None:
             host.run_dir = run_dir
-        _serve_or_host(cfg, comm, session, host, run_dir, resumed, stop)
+        _serve_or_host(cfg, comm, session, host, traceback_dir or Kept(run_dir), resumed, stop)
     finally:
         if owner is not None:
             owner.release()
 
 
-def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Path,
+def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Kept,
                    resumed: Checkpoint | None, stop: StopRequest) -> None:
     """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
     # where each rank runs, so the log maps a pid that the kernel or the launcher names to a rank
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
-    processes = comm.gather_object(f"{where} on {socket.gethostname()}, {torch.get_num_threads()} threads"
-                                   + (f", {host.placement_note()}" if host else ""))
+    threads = torch.get_num_threads()
+    processes = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads"
+                                    + (f", {host.placement_note()}" if host else ""), threads))
     try:
         if comm.rank == 0:
-            stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes)
+            stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes)
         else:
             host.run()
             stopped_by = host.stopped
@@ -287,7 +307,7 @@ class PeerWatch:
                 "that remain")
 
 
-def collectively(comm: Comm, run_dir: Callable[[], Path | None], step: Callable[[], T]) -> T:
+def collectively(comm: Comm, run_dir: Callable[[], Kept | None], step: Callable[[], T]) -> T:
     """Run a set-up step on every rank; if any rank failed, rank 0 prints the first failure once and all exit."""
     error = None
     result = None
@@ -310,13 +330,11 @@ def collectively(comm: Comm, run_dir: Callable[[], Path | None], step: Callable[
     return result
 
 
-def _crash_line(rank: int, exc: BaseException, run_dir: Path | None) -> str:
+def _crash_line(rank: int, exc: BaseException, run_dir: Kept | None) -> str:
     text = "".join(traceback.format_exception(exc))
     where = "above"
     if run_dir is not None:
-        path = traceback_file(run_dir, rank)
-        path.write_text(text)
-        where = f"in {path}"
+        where = f"in {run_dir.write_traceback(rank, text)}"
     else:
         sys.stderr.write(text)
     return f"mpifl: rank {rank} failed: {type(exc).__name__}: {exc} (traceback {where})"

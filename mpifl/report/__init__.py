@@ -18,6 +18,7 @@ from pathlib import Path
 from mpifl.errors import MpiflError
 from mpifl.report.runs import Run, find_runs, group_key
 from mpifl.report.tables import GroupTable, build_tables, markdown, write_tables
+from mpifl.rundir.directory import check_output_folder
 
 
 @dataclass
@@ -47,6 +48,7 @@ def build_report(paths: list, out: Path, preset: str | None = None, plots: bool 
     base = Path.cwd()
     tables = build_tables(runs, preset)
     out = Path(out)
+    check_output_folder(out, "pass --out DIR to write the report elsewhere")
     files = list(write_tables(tables, out, base, left_out))
     labels = {group_key(t.config): t.label for t in tables}
     if plots:

@@ -48,6 +48,9 @@ def main(run_dirs: tuple[str, ...], out: str | None, preset: str | None, tensorb
     except MpiflError as exc:
         click.echo(f"mpifl: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a file that vanished or a disk that filled up while reading or writing
+        click.echo(f"mpifl: error: {exc}; check it and run the report again", err=True)
+        sys.exit(2)
     click.echo(report.markdown, nl=False)
     click.echo(f"\nwrote {len(report.files)} files to {report.out}: "
                + ", ".join(p.name for p in report.files), err=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mpifl.errors import MpiflError
 from mpifl.rundir.names import CONFIG, METRICS
-from mpifl.server.run_log import metric_of, selection_of, summary_rows
+from mpifl.server.run_log import metric_of, read_records, selection_of, summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "private_memory",
@@ -124,25 +124,23 @@ def load_run(path: str | Path) -> Run:
     if not metrics.is_file() or not config.is_file():
         raise MpiflError(f"{path} is no run directory (it needs config.json and metrics.jsonl); pass the --out "
                          "directory of a run")
+    records = read_records(metrics)  # a last line cut off by a killed run is left out
     try:
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         cfg = json.loads(config.read_text())
-    except json.JSONDecodeError as exc:
-        raise MpiflError(f"{path}: unreadable metrics.jsonl or config.json ({exc}); the run may have been cut "
-                         "off while writing; remove its last line or leave the run out")
+    except ValueError as exc:
+        raise MpiflError(f"{config} is unreadable ({exc}); restore it from a copy or leave the run out") from None
     return Run(path=path, config=cfg, records=records)
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:
-    """The runs under ``paths``: a run directory itself, or every run directory below a folder (e.g. the
+    """The runs under ``paths``: a run directory itself and every run directory below it (e.g. the
     ``holdout-<domain>`` folds of ``--holdout all``, or a folder of runs), in path order."""
     runs, seen = [], set()
     for given in paths:
         path = Path(given)
         if not path.exists():
             raise MpiflError(f"{path} does not exist; pass run directories (the --out of mpifl.run)")
-        found = [path] if (path / METRICS).is_file() else \
-            sorted(p.parent for p in path.rglob(METRICS) if (p.parent / CONFIG).is_file())
+        found = sorted(p.parent for p in path.rglob(METRICS) if (p.parent / CONFIG).is_file())
         if not found:
             raise MpiflError(f"no run under {path} (no config.json + metrics.jsonl in it or below)")
         for run_dir in found:

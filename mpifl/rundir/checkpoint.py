@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..algorithms import ServerState
-from ..data.manifest import sha256_file
+from ..data.manifest import build_difference, sha256_file
 from ..errors import MpiflError
 from ..plan.config import RESUMABLE, RunConfig
 from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE, TMP
@@ -69,11 +69,14 @@ class Checkpoint:
     pending: dict | None  # round ``round``'s metrics record, waiting for its evaluation
     identity: dict
     files: dict[str, FileRecord]  # file name in round-R/ -> its record
+    # optional, so that a meta.json of format 4 written before them still loads (None: not recorded)
+    data: dict | None = None  # the data build trained on (mpifl.data.manifest.build_of)
+    threads: list[int] | None = None  # each client rank's torch threads
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "round": self.round, "clients": self.clients,
                 "ranks": {str(k): v for k, v in self.ranks.items()}, "pending": self.pending,
-                "identity": self.identity,
+                "identity": self.identity, "data": self.data, "threads": self.threads,
                 "files": {name: {"bytes": f.nbytes, "sha256": f.sha256} for name, f in self.files.items()}}
 
 
@@ -186,8 +189,9 @@ def identity(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_flat().items() if k not in RESUMABLE and k != "out"}
 
 
-def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
-    """``meta.json`` of RUN_DIR, checked against the run about to continue it."""
+def load(run_dir: Path, cfg: RunConfig, num_clients: int, data: dict | None = None) -> Checkpoint:
+    """``meta.json`` of RUN_DIR, checked against the run about to continue it (``data``: the build of its dataset
+    under ``--data-root``, :func:`~mpifl.data.manifest.build_of`)."""
     path = Path(run_dir) / CHECKPOINT / CHECKPOINT_META
     if not path.exists():
         again = "it can only be run again from the start, with another --out"
@@ -209,6 +213,11 @@ def load(run_dir: Path, cfg: RunConfig, num_clients: int) -> Checkpoint:
     if checkpoint.clients != num_clients:
         raise MpiflError(f"checkpoint in {run_dir} has {checkpoint.clients} clients, this run {num_clients}; "
                          "the dataset changed since; start a new run")
+    changed = build_difference(checkpoint.data, data) if checkpoint.data and data else None
+    if changed:
+        raise MpiflError(f"checkpoint in {run_dir} was taken on another build of {cfg.data} than the one in "
+                         f"--data-root {cfg.data_root} ({changed}); resume with the data the run started on, or "
+                         "start a new run")
     return checkpoint
 
 
@@ -225,7 +234,8 @@ def _parse(path: Path) -> Checkpoint:
         return Checkpoint(round=int(raw["round"]), clients=int(raw["clients"]), pending=raw["pending"],
                           identity=dict(raw["identity"]), ranks={int(k): list(v) for k, v in raw["ranks"].items()},
                           files={name: FileRecord(int(f["bytes"]), str(f["sha256"]))
-                                 for name, f in raw["files"].items()})
+                                 for name, f in raw["files"].items()},
+                          data=raw.get("data"), threads=raw.get("threads"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UnusableCheckpoint(f"checkpoint {path} lacks or garbles {exc}") from None
 

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MpiflError
+from ..rundir.directory import Kept
 from ..rundir.names import METRICS, SUMMARY_CSV, SUMMARY_MD, TMP
 from ..transport.messages import EVAL_SPLITS
 
@@ -114,9 +113,7 @@ class MetricsLog:
                  selection: str = "val-mean", metric: str = "acc"):
         self.path = run_dir / METRICS
         self.run_dir = run_dir
-        # the run's own directory, held open so that its inode is not reused by one made later at its path
-        self._directory = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        weakref.finalize(self, os.close, self._directory)
+        self.directory = Kept(run_dir)  # written only while it is the run's own (checkpoints too, Server)
         self.kinds = kinds
         self.domains = domains  # source domains
         self.holdout = holdout
@@ -135,11 +132,8 @@ class MetricsLog:
         written after the checkpoint), and wait again for the evaluation of ``pending`` if the continued
         run evaluates that round (``evaluated``; a run extended past its last round may not)."""
         last = round_index - 1 if pending else round_index
-        self._check_directory()
-        records = []
-        if self.path.exists():
-            records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        self.records = [r for r in records if r["round"] <= last]
+        self.directory.check()
+        self.records = [r for r in read_records(self.path) if r["round"] <= last]
         tmp = self.path.with_name(self.path.name + TMP)
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         tmp.replace(self.path)
@@ -160,15 +154,8 @@ class MetricsLog:
         record["eval"] = results
         self._write(record)
 
-    def _check_directory(self) -> None:
-        """Stop (one line) before writing into a run directory that was removed or replaced while the run went
-        on: what is at its path now belongs to someone else, and this run's records must not mix with it."""
-        if _identity(self.run_dir) != _identity(self._directory):
-            raise MpiflError(f"the run directory {self.run_dir} was removed or replaced while this run was writing "
-                             "it; the run stops so that its records do not mix with what is there now")
-
     def _write(self, record: dict) -> None:
-        self._check_directory()
+        self.directory.check()
         self.records.append(record)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -181,7 +168,7 @@ class MetricsLog:
         return None, None
 
     def write_summary(self) -> list[dict]:
-        self._check_directory()
+        self.directory.check()
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
         with (self.run_dir / SUMMARY_CSV).open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -191,14 +178,32 @@ class MetricsLog:
         return rows
 
 
-def _identity(directory: Path | int) -> tuple[int, int] | None:
-    """(device, inode) of a directory by path or open descriptor; None when nothing is there (for a descriptor:
-    when the directory was removed)."""
+def read_records(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none when it is missing).  A last line cut off (no line break, not
+    JSON: the run was killed while writing it, after its last checkpoint) is left out; any other line that is not
+    a record is refused, naming it."""
     try:
-        status = os.stat(directory)
+        text = path.read_text()
     except FileNotFoundError:
-        return None
-    return (status.st_dev, status.st_ino) if status.st_nlink else None
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MpiflError(f"cannot read {path} ({exc}); restore it from a copy") from None
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not (isinstance(record, dict) and isinstance(record.get("round"), int)):
+            if number == len(lines):  # no line break after it: cut off while written
+                break
+            raise MpiflError(f"{path}, line {number}, is no round record ({line[:40]!r}): the file was changed "
+                             "after the run wrote it; restore it from a copy")
+        records.append(record)
+    return records
 
 
 def summary_rows(records: list[dict], kinds: tuple[str, ...], domains: list[str],

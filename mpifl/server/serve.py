@@ -20,8 +20,10 @@ from .server import Server
 
 
 def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: Checkpoint | None,
-          stop: StopRequest, processes: list[str]) -> str | None:
-    """Rank 0's part of the run; returns the signal that stopped it early, if one did."""
+          stop: StopRequest, processes: list[tuple[str, int]]) -> str | None:
+    """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
+    (pid, host and threads for the log, torch threads)."""
+    threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
                  f"{len(session.manifest.domains)} domains) with {cfg.model}, {cfg.rounds} rounds, "
@@ -30,11 +32,17 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
         log_lines.append(f"resuming after round {resumed.round} from {run_dir / 'checkpoint'}"
                          + ("" if len(resumed.ranks) == n_hosts else
                             f"; its clients were on {len(resumed.ranks)} client ranks, now placed on {n_hosts}"))
+        if resumed.threads and set(resumed.threads) != set(threads):  # --threads, or automatic on other ranks
+            fix = (f"; resume with --threads {resumed.threads[0]} to repeat it bit for bit"
+                   if len(set(resumed.threads)) == 1 else "")
+            log_lines.append(f"mpifl: warning: the client ranks run {_counts(threads)} torch threads, the run so far "
+                             f"ran {_counts(resumed.threads)}: CPU kernels may round otherwise, so the numbers may "
+                             f"differ slightly from those of an uninterrupted run{fix}")
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    log_lines.append(f"rank 0 ({processes[0]}): server")
-    log_lines += [f"rank {h + 1} ({processes[h + 1]}): {describe_clients(ids)}"
+    log_lines.append(f"rank 0 ({processes[0][0]}): server")
+    log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}"
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())
@@ -56,7 +64,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                                              f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
             log_file.flush()
 
-        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop)
+        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads)
         server.run()
         if server.stopped_by:
             line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
@@ -74,6 +82,11 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
 def _err(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def _counts(threads: list[int]) -> str:
+    """Thread counts of the client ranks, in a few words: ``1``, or ``2 or 3``."""
+    return " or ".join(str(n) for n in sorted(set(threads)))
 
 
 def describe_clients(ids: list[int]) -> str:

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms import Folding, Reduction, Uploads
+from ..data.manifest import build_of
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
@@ -56,9 +57,10 @@ class Server:
 
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
                  on_round: Callable[[int, int | None, float | None], None], run_dir: Path,
-                 resumed: Checkpoint | None = None, stop: StopRequest | None = None):
+                 resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
+        self.threads = threads  # each client rank's torch threads, for the checkpoints
         self.algo = session.algo
         self.protocol = RoundProtocol(session, start=resumed.round if resumed else 0)
         self.state = load_server(run_dir, resumed) if resumed else self.algo.init_server(session.initial)
@@ -77,6 +79,7 @@ class Server:
             messages = self.protocol.open(r)
             header = self.protocol.header(r, stop_requested)
             if header.saves:  # the state after round r-1, and its record still waiting for an evaluation
+                self.log.directory.check()  # the client ranks write theirs on this message: none into another's
                 server_file = save_server(self.run_dir, r - 1, self.state)
                 pending = copy.deepcopy(self.log.pending)
             down = self.down_buffer.get(messages.down.nbytes)
@@ -99,9 +102,11 @@ class Server:
             if header.saves:  # the gather proves every client rank has written its file, and says what it wrote
                 files = {SERVER_FILE: server_file} | {rank_file(rank): FileRecord(*saved_file(report))
                                                       for rank, report in enumerate(reports, start=1)}
+                self.log.directory.check()
                 commit(self.run_dir, Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
                                                 ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
-                                                identity=identity(self.session.cfg), files=files))
+                                                identity=identity(self.session.cfg), files=files,
+                                                data=build_of(self.session.manifest), threads=self.threads))
             if header.action == STOP:
                 self.stopped_by, self.stopped_after = self.stop.describe(), r - 1
                 break

@@ -51,6 +51,10 @@ class Comm:
         """'rank 2 (pid 12 on node3)', or several such, joined."""
         return ", ".join(f"rank {r} ({self.peers[r]})" for r in ranks)
 
+    def host(self, rank: int) -> str:
+        """The host rank ``rank`` runs on."""
+        return self.peers[rank].split(" on ", 1)[1].split(",")[0]
+
     def timed_out(self, what: str, missing: list[int]) -> MpiflError:
         """The one line of a rank that waited ``timeout`` seconds for ``missing``."""
         return MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: {self.describe(missing)} "

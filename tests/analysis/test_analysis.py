@@ -129,3 +129,18 @@ def test_cli_writes_csv_and_png(tmp_path, data_root):
                                                                     "feature-similarity.png"]
     bad = CliRunner().invoke(main, ["bn-divergence", str(tmp_path / "nothing")])
     assert bad.exit_code == 2 and bad.output.startswith("mpifl: error:")
+
+
+def test_a_garbled_config_and_an_output_folder_that_cannot_be_written_are_one_line(tmp_path, data_root):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"algo": "fedbn", ')  # cut off
+    result = CliRunner().invoke(main, ["bn-divergence", str(broken)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"mpifl: error: cannot parse config file {broken / 'config.json'}: ")
+    run = make_checkpoint(tmp_path / "run", data_root)
+    (run / "analysis").write_text("in the way")  # as a read-only run: its default output folder cannot be made
+    result = CliRunner().invoke(main, ["bn-divergence", str(run), "--models", "checkpoint"])
+    assert result.exit_code == 2 and result.output == (
+        f"mpifl: error: cannot write into {run / 'analysis'}: {run / 'analysis'} is a file; pass --out DIR to write "
+        "the analysis elsewhere\n")

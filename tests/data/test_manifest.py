@@ -1,13 +1,14 @@
 """manifest.json: building from shards, loading, verifying, open_shard, and the registry."""
 
 import json
+import shutil
 
 import h5py
 import numpy as np
 import pytest
 
 from mpifl.data import KNOWN_DATASETS, DatasetManifest, default_data_root, ensure_dataset, open_shard
-from mpifl.data.manifest import MANIFEST, build_manifest, sha256_file, verify
+from mpifl.data.manifest import MANIFEST, build_difference, build_manifest, build_of, sha256_file, verify
 from mpifl.data.shard import ShardWriter
 from mpifl.errors import MpiflError
 
@@ -143,6 +144,32 @@ def test_open_shard_rejects_changed_length(toy):
     with pytest.raises(MpiflError) as error:
         open_shard(root, m, "dark")
     assert str(path) in one_line(error) and "bytes" in str(error.value)
+
+
+def test_open_shard_refuses_another_domains_shard_copied_over_it(tmp_path):
+    """Same size, splits, classes and image shape (cp a.h5 b.h5): only the shard's own name tells, and opening
+    checks it without reading the images."""
+    make_shard(tmp_path, "twins", "a", 10, seed=1)
+    make_shard(tmp_path, "twins", "b", 10, seed=2)
+    m = build_manifest(tmp_path, "twins", source="made in a test", protocol={})
+    shutil.copyfile(tmp_path / "twins" / "a.h5", tmp_path / "twins" / "b.h5")
+    assert m.shards["a"]["bytes"] == m.shards["b"]["bytes"] == (tmp_path / "twins" / "b.h5").stat().st_size
+    with pytest.raises(MpiflError) as error:
+        open_shard(tmp_path, m, "b")
+    assert one_line(error).startswith(f"shard {tmp_path / 'twins' / 'b.h5'} (domain b): it says it is dataset "
+                                      "'twins' domain 'a'; run `python -m mpifl.data prepare twins")
+    with open_shard(tmp_path, m, "a") as shard:
+        assert shard.domain == "a"
+
+
+def test_a_build_is_told_from_another_by_its_image_size_and_shards(toy):
+    _, m, _ = toy
+    build = build_of(m)
+    assert build == {"image_size": list(SIZE), "shards": {d: m.shards[d]["sha256"] for d in ("dark", "light")}}
+    assert build_difference(build, json.loads(json.dumps(build))) is None  # as a checkpoint stores it
+    assert build_difference(build, {**build, "image_size": [16, 16]}) == "images 4x5, now 16x16"
+    changed = {**build, "shards": {"dark": "0" * 64, "light": build["shards"]["light"], "extra": "1" * 64}}
+    assert build_difference(build, changed) == "other shards of dark, extra (sha256)"
 
 
 def test_open_shard_missing_file_says_how_to_prepare(toy):

@@ -175,3 +175,24 @@ def test_a_segmentation_run_reports_its_dice_in_a_section_marked_dice(tmp_path):
     assert table.row("BIDMC").last == pytest.approx([80.0]) and table.row("mean").best == pytest.approx([85.0])
     text = markdown([table])
     assert "model (Dice)" in text and "| BIDMC | 80.00 | 80.00 |" in text
+
+
+def test_runs_inside_a_run_are_found_and_a_record_cut_off_by_a_kill_is_left_out(tmp_path):
+    """A folder of runs that is itself a run (as an older mpifl let --out runs make one): every run is reported."""
+    common = dict(algo="fedavg", data="digits", model="digitmodel", rounds=3)
+    write_run(tmp_path / "runs", {"mnist": [0.9] * 3}, [0.5] * 3, seed=0, **common)
+    write_run(tmp_path / "runs" / "inner" / "s1", {"mnist": [0.8] * 3}, [0.5] * 3, seed=1, **common)
+    with (tmp_path / "runs" / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "cl')  # a killed run's last line
+    runs = find_runs([tmp_path / "runs"])
+    assert [r.path for r in runs] == [tmp_path / "runs", tmp_path / "runs" / "inner" / "s1"]
+    assert [r.last_round for r in runs] == [3, 3]
+
+
+def test_a_report_folder_that_cannot_be_written_is_one_line_before_any_work(runs_dir):
+    run = runs_dir / "fedavg-s0"
+    (run / "report").write_text("in the way")  # as a read-only run: its default output folder cannot be made
+    result = CliRunner().invoke(main, [str(run), "--no-plots"])
+    assert result.exit_code == 2 and result.output == (
+        f"mpifl: error: cannot write into {run / 'report'}: {run / 'report'} is a file; pass --out DIR to write the "
+        "report elsewhere\n")

@@ -273,3 +273,78 @@ def test_kept_optimizer_state_is_checkpointed_resumes_bit_for_bit_and_never_cros
     assert resumed.returncode == 0, resumed.stderr
     assert numbers(run) == numbers(tmp_path / "full")
     assert [r["bytes"] for r in numbers(run)] == [r["bytes"] for r in uninterrupted[:3]]  # the same as without
+
+
+def _build_with_one_shard_changed(data_root, root):
+    """Another build of styledigits under ``root``: one pixel of mono's training images differs, and the manifest
+    says so (as prepare writes it)."""
+    import h5py
+
+    shutil.copytree(data_root / "styledigits", root / "styledigits")
+    shard = root / "styledigits" / "mono.h5"
+    with h5py.File(shard, "r+") as f:
+        f["train/images"][0, 0, 0, 0] ^= 1
+    manifest = json.loads((root / "styledigits" / "manifest.json").read_text())
+    manifest["shards"]["mono"].update(sha256=sha256_file(shard), bytes=shard.stat().st_size)
+    (root / "styledigits" / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_a_resume_on_another_build_of_the_data_is_refused_and_a_moved_copy_is_not(checkpointed, data_root, tmp_path):
+    run = _copy(checkpointed, tmp_path)
+    before = snapshot(run)
+    other = _build_with_one_shard_changed(data_root, tmp_path / "other")
+    job = run_here("--resume", str(run), "--rounds", "3", "--data-root", str(other))
+    assert job.returncode == 2
+    one_error(job, f"checkpoint in {run} was taken on another build of styledigits than the one in --data-root "
+                   f"{other} (other shards of mono (sha256)); resume with the data the run started on")
+    assert snapshot(run) == before
+    moved = tmp_path / "moved"
+    shutil.copytree(data_root / "styledigits", moved / "styledigits")  # the same build elsewhere: --data-root may move
+    job = run_here("--resume", str(run), "--rounds", "3", "--data-root", str(moved))
+    assert job.returncode == 0, job.stderr
+
+
+def test_a_resume_on_another_thread_count_says_so_in_one_line(checkpointed, tmp_path):
+    run = _copy(checkpointed, tmp_path)
+    job = run_here("--resume", str(run), "--rounds", "3", "--threads", "2")
+    assert job.returncode == 0, job.stderr
+    warning = ("mpifl: warning: the client ranks run 2 torch threads, the run so far ran 1: CPU kernels may round "
+               "otherwise, so the numbers may differ slightly from those of an uninterrupted run; resume with "
+               "--threads 1 to repeat it bit for bit")
+    assert job.lines("mpifl: ") == [warning] and (run / "log.txt").read_text().count(warning) == 1
+    again = run_here("--resume", str(run), "--rounds", "4", "--threads", "2")  # the checkpoint says 2 now
+    assert again.returncode == 0 and not again.lines("mpifl: "), again.stderr
+
+
+def test_a_record_cut_off_by_a_kill_is_redone_and_a_changed_one_is_refused(checkpointed, tmp_path):
+    run = _copy(checkpointed, tmp_path)
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"round": 3, "clients": [0, 2')  # killed while writing round 3's
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3] and not list(run.glob("traceback-*"))
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "not a record", *lines[1:]]) + "\n")
+    before = snapshot(run)
+    job = run_here("--resume", str(run), "--rounds", "4")
+    assert job.returncode == 2
+    one_error(job, f"{metrics}, line 2, is no round record ('not a record'): the file was changed after the run "
+                   "wrote it; restore it from a copy")
+    assert snapshot(run) == before
+
+
+def test_a_checkpoint_from_before_data_and_threads_were_recorded_still_loads(tmp_path):
+    """Format 4 stays: meta.json gained two optional records, which a resume checks when they are there."""
+    (tmp_path / "checkpoint").mkdir()
+    commit(tmp_path, Checkpoint(round=2, clients=5, ranks={1: [0]}, pending=None, identity=identity(_cfg()), files={},
+                                data={"image_size": [28, 28], "shards": {"mono": "a" * 64}}, threads=[1]))
+    build = {"image_size": [28, 28], "shards": {"mono": "b" * 64}}
+    with pytest.raises(MpiflError, match=r"another build of styledigits .*\(other shards of mono \(sha256\)\)"):
+        load(tmp_path, _cfg(), 5, build)
+    meta = tmp_path / "checkpoint" / "meta.json"
+    raw = json.loads(meta.read_text())
+    del raw["data"], raw["threads"]  # as an earlier mpifl wrote it
+    meta.write_text(json.dumps(raw))
+    old = load(tmp_path, _cfg(), 5, build)
+    assert (old.round, old.data, old.threads) == (2, None, None)

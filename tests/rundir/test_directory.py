@@ -3,7 +3,10 @@ refused command that leaves the directory as it was."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,11 +18,9 @@ import pytest
 from mpifl.dirlock import LOCK_NAME
 from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
-from mpifl.rundir.directory import check_new, default_run_dir, open_new, run_files
+from mpifl.rundir.directory import Kept, check_new, default_run_dir, open_new, run_files
 
 from ..conftest import REPO, read_metrics, run_here
-
-pytestmark = pytest.mark.slow
 
 
 def _args(data_root, out, *extra):
@@ -39,6 +40,7 @@ def one_error(job, *patterns: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_record_is_a_run_and_is_not_overwritten(data_root, tmp_path, monkeypatch):
     run = tmp_path / "run"
     monkeypatch.setenv("MPIFL_FAULT", "stop:rank=0,round=1")  # SIGTERM while round 1 trains: no record yet
@@ -54,6 +56,7 @@ def test_a_run_stopped_before_its_first_record_is_a_run_and_is_not_overwritten(d
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_directory_in_use_is_refused_and_a_crashed_runs_claim_is_taken_over(data_root, tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -87,6 +90,7 @@ def test_a_second_run_of_a_directory_in_use_is_refused_and_a_crashed_runs_claim_
     assert not (run / LOCK_NAME).exists()  # released at the end
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_refused_and_so_is_a_folder_of_folds(data_root, tmp_path):
     run = tmp_path / "run"
     assert run_here(*_args(data_root, run, "--rounds", "1")).returncode == 0
@@ -101,6 +105,7 @@ def test_a_finished_run_is_refused_and_so_is_a_folder_of_folds(data_root, tmp_pa
     check_new(tmp_path / "mine")  # other files may be there: nothing a run writes is
 
 
+@pytest.mark.slow
 def test_an_out_inside_another_runs_directory_is_refused_and_leaves_the_disk_as_it_was(data_root, tmp_path):
     run = tmp_path / "run"
     assert run_here(*_args(data_root, run, "--rounds", "1")).returncode == 0
@@ -119,6 +124,7 @@ def test_an_out_inside_another_runs_directory_is_refused_and_leaves_the_disk_as_
     check_new(tmp_path / "lodo" / "holdout-photo")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out,pattern", [
     ("file", "is a file, not a directory; pass a directory"),
     ("file/run", "is a file; pass another --out"),
@@ -134,6 +140,7 @@ def test_an_out_that_cannot_be_a_directory_is_refused_in_one_line(data_root, tmp
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_default_run_directory_made_meanwhile_by_another_run_gives_way_to_the_next_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = RunConfig(model="smallcnn")
@@ -149,6 +156,7 @@ def test_a_default_run_directory_made_meanwhile_by_another_run_gives_way_to_the_
         open_new(path, RunConfig(model="smallcnn", out=str(path)))  # a given --out is never renamed
 
 
+@pytest.mark.slow
 def test_a_run_refused_while_setting_up_leaves_no_directory(data_root, tmp_path):
     """The run directory is written only once every rank has set up: fixing the option and running again works."""
     run = tmp_path / "run"
@@ -158,6 +166,7 @@ def test_a_run_refused_while_setting_up_leaves_no_directory(data_root, tmp_path)
     assert run_here(*_args(data_root, run, "--rounds", "1")).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_successful_resume_moves_the_failed_attempts_traceback_into_the_runs_history(data_root, tmp_path,
                                                                                        monkeypatch):
     run = tmp_path / "run"
@@ -173,3 +182,188 @@ def test_a_successful_resume_moves_the_failed_attempts_traceback_into_the_runs_h
     line = f"the failed attempt's traceback-rank1.txt moved to {run / 'attempts' / '1'} (attempt 1)"
     assert line in resumed.stdout and line in (run / "log.txt").read_text()
     assert [r["round"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ where --out leads: links, "..", runs around runs
+
+
+def fake_run(path: Path) -> Path:
+    """A directory as a finished run leaves it, as far as the checks look: its first file and its records."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}\n")
+    (path / "metrics.jsonl").write_text("")
+    return path
+
+
+def _links(tmp_path: Path, links: dict[str, str]) -> None:
+    for link, target in links.items():
+        (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / link).symlink_to(target.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize("links,out", [
+    ({"lnk": "run/extra"}, "lnk"),  # a link at the last part, into the run (the issue's)
+    ({"lnk": "run/a/b"}, "lnk"),  # deeper inside it
+    ({"lnk": "run/extra"}, "lnk/sub/deeper"),  # a link in the middle, a new folder below it
+    ({"deep/er/lnk": "../../run/extra"}, "deep/er/lnk"),  # a relative link, itself two folders down
+    ({"chain": "run/extra", "lnk": "chain"}, "lnk"),  # a link to a link
+    ({"lnk": "{tmp}/run/extra"}, "lnk"),  # an absolute target
+    ({"lnk": "run/extra"}, "lnk/../inner"),  # ".." after a link: run/extra/.. is run
+])
+def test_an_out_that_leads_into_a_run_through_symbolic_links_is_refused(tmp_path, monkeypatch, links, out):
+    monkeypatch.chdir(tmp_path)
+    fake_run(tmp_path / "run")
+    (tmp_path / "run" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "run" / "extra").mkdir()
+    _links(tmp_path, links)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(MpiflError, match=f"lies inside the run directory {tmp_path / 'run'} .*pass an --out outside"):
+        check_new(Path(out))
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("links,out,problem", [
+    ({"lnk": "nowhere"}, "lnk", "lnk is a symbolic link to nowhere, which does not exist"),
+    ({"lnk": "nowhere"}, "lnk/run", "lnk is a symbolic link to nowhere, which does not exist"),
+    ({"a/lnk": "../gone/x"}, "a/lnk/b/run", "lnk is a symbolic link to ../gone/x, which does not exist"),
+    ({"lnk": "lnk"}, "lnk", "lnk is a symbolic link that loops"),
+    ({"a": "b", "b": "a"}, "a/run", "a is a symbolic link that loops"),
+])
+def test_a_link_that_points_nowhere_or_loops_is_named_and_nothing_is_made(tmp_path, links, out, problem):
+    _links(tmp_path, links)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(MpiflError, match=f"^--out {tmp_path / out}: {tmp_path}/.*{problem}; fix the link"):
+        check_new(tmp_path / out)
+    assert sorted(tmp_path.rglob("*")) == before  # not even the link's target
+
+
+@pytest.mark.parametrize("out,lands", [
+    ("nonexist/../dd1", "dd1"),  # the issue's: no empty nonexist/ left behind
+    ("a/b/../../dd1", "dd1"),
+    ("run/sub/../../new", "new"),  # beside the run, not inside it
+    ("run/extra/../../new/x", "new/x"),  # through a folder the run holds
+])
+def test_dot_dot_lands_where_the_kernel_puts_it_and_only_that_is_made(tmp_path, monkeypatch, out, lands):
+    fake_run(tmp_path / "run")
+    (tmp_path / "run" / "extra").mkdir()
+    monkeypatch.chdir(tmp_path)
+    before = set(tmp_path.rglob("*"))
+    path, lock = open_new(check_new(Path(out)), RunConfig(model="smallcnn", out=out))
+    lock.release()
+    assert path.resolve() == tmp_path / lands and (path / "config.json").is_file()
+    folders = {p for p in set(tmp_path.rglob("*")) - before if p.is_dir()}
+    assert folders == {tmp_path / Path(*Path(lands).parts[:k]) for k in range(1, len(Path(lands).parts) + 1)}
+
+
+def test_a_run_given_a_dot_dot_out_writes_only_where_it_leads(data_root, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = run_here(*_args(data_root, "nonexist/../dd1", "--rounds", "1", "--samples-per-client", "64"))
+    assert job.returncode == 0, job.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dd1"] and (tmp_path / "dd1" / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize("inner", ["a-run", "x/y/a-run"])
+def test_an_out_that_holds_a_run_below_it_is_refused(tmp_path, inner):
+    runs = tmp_path / "runs"
+    fake_run(runs / inner)
+    with pytest.raises(MpiflError, match=f"--out {runs} holds the run directory {runs / inner} \\(it holds "
+                                         "config.json, metrics.jsonl\\); .*pass an --out that holds no run"):
+        check_new(runs)
+    with pytest.raises(MpiflError, match="holds the run directory"):
+        check_new(runs / inner.split("/")[0]) if "/" in inner else check_new(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "link").symlink_to(runs / inner)  # a link below: what it leads to is elsewhere
+    check_new(tmp_path / "other")
+
+
+def test_the_issues_run_around_runs_is_refused_and_writes_nothing(data_root, tmp_path):
+    fake_run(tmp_path / "runs" / "fedavg-styledigits-smallcnn-s0-20260101-000000")
+    before = snapshot(tmp_path)
+    job = run_here(*_args(data_root, tmp_path / "runs", "--rounds", "1"))
+    assert job.returncode == 2
+    one_error(job, f"--out {tmp_path / 'runs'} holds the run directory {tmp_path / 'runs'}/fedavg-")
+    assert snapshot(tmp_path) == before
+
+
+def test_an_out_beside_holdout_all_folds_is_refused_but_the_next_fold_is_not(tmp_path):
+    folds = tmp_path / "lodo"
+    fake_run(folds / "holdout-mono")
+    fake_run(folds / "holdout-paper")
+    for out in (folds / "extra", folds / "extra" / "deeper", folds / "holdout-street"):
+        with pytest.raises(MpiflError, match=f"--out {out} lies inside {folds}, --holdout all's folder of folds "
+                                             r"\(it holds holdout-mono, holdout-paper\); pass an --out outside it"):
+            check_new(out)
+    with pytest.raises(MpiflError, match="folder of folds"):
+        check_new(folds / "holdout-street", holdout="outline")  # another fold's name
+    assert check_new(folds / "holdout-street", holdout="street") == folds / "holdout-street"  # --holdout all's own
+    (tmp_path / "plain" / "holdout-notes").mkdir(parents=True)  # a folder so named, but no run's
+    check_new(tmp_path / "plain" / "run")
+
+
+def test_resume_of_a_folder_of_folds_names_them_and_the_way_to_resume_one(tmp_path):
+    folds = tmp_path / "lodo"
+    fake_run(folds / "holdout-mono")
+    fake_run(folds / "holdout-paper")
+    (folds / "summary.md").write_text("the fold table")
+    before = snapshot(tmp_path)
+    job = run_here("--resume", str(folds), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, f"--resume {folds}: it is --holdout all's folder of folds (holdout-mono, holdout-paper), each a "
+                   f"run of its own; resume one fold: --resume {folds / 'holdout-mono'}")
+    assert snapshot(tmp_path) == before
+
+
+def test_resume_of_a_run_it_cannot_claim_says_how_to_continue_it(data_root, tmp_path, monkeypatch):
+    """A run on a read-only mount: '--out' cannot change on a resume, so that is not the advice."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(RunConfig(data_root=str(data_root), model="smallcnn",
+                                                          out=str(run)).to_flat()))
+
+    def read_only(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path / LOCK_NAME))
+
+    monkeypatch.setattr("mpifl.rundir.directory.try_lock", read_only)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    line = one_error(job, f"cannot claim the run directory {run} (Read-only file system); a resumed run writes into "
+                          f"its own directory: make it writable, or copy the run (cp -a {run} NEW) and --resume NEW")
+    assert "pass a writable --out" not in line
+
+
+@pytest.mark.parametrize("how", ["removed", "moved away and made again"])
+def test_a_run_whose_directory_goes_away_stops_in_one_line_and_writes_nowhere_else(data_root, tmp_path, monkeypatch,
+                                                                                     how):
+    """With a checkpoint every round: the next one would be written into what is at the path now."""
+    from mpifl.server.progress import Progress
+
+    run, update = tmp_path / "run", Progress.update
+
+    def round_reported(self, r, acc):
+        update(self, r, acc)
+        if r == 1:
+            if how == "removed":
+                shutil.rmtree(run)
+            else:
+                run.rename(tmp_path / "moved")
+                run.mkdir()
+
+    monkeypatch.setattr(Progress, "update", round_reported)
+    job = run_here(*_args(data_root, run, "--rounds", "3", "--ckpt-every", "1", "--samples-per-client", "64"))
+    assert job.returncode == 2
+    one_error(job, f"the run directory {run} was removed or replaced while this run was writing it")
+    assert (not run.exists()) if how == "removed" else list(run.iterdir()) == []
+
+
+def test_a_bugs_traceback_never_goes_into_a_directory_that_replaced_the_runs(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    kept = Kept(run)
+    assert kept.write_traceback(1, "first") == str(run / "traceback-rank1.txt")
+    shutil.rmtree(run)
+    run.mkdir()  # another's now
+    where = kept.write_traceback(1, "second")
+    assert not kept.intact() and list(run.iterdir()) == []
+    path = Path(where.split(":")[0])
+    assert path.read_text() == "second" and f"the run directory {run} was removed or replaced" in where
+    path.unlink()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mpifl.errors import MpiflError
-from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, selection_of, summarize_eval,
-                                  summary_rows)
+from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, read_records, selection_of,
+                                  summarize_eval, summary_rows)
 from mpifl.transport.messages import CLIENT_META
 
 
@@ -123,3 +123,17 @@ def test_a_segmentation_run_reports_dice_under_its_own_key():
     rows = summary_rows(records, ("global",), ["a", "b"], metric="dice")
     assert rows[2]["domain"] == "mean" and rows[2]["last_test_dice"] == pytest.approx(0.3)
     assert "last_test_acc" not in rows[0] and metric_of(records) == "dice" and metric_of([{"train": {}}]) == "acc"
+
+
+def test_records_leave_out_a_last_line_cut_off_and_refuse_a_changed_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert read_records(path) == []  # none yet
+    good = "".join(json.dumps({"round": r, "train": {"loss": 1.0}}) + "\n" for r in (1, 2))
+    path.write_text(good + '{"round": 3, "tra')  # killed while writing round 3's
+    assert [r["round"] for r in read_records(path)] == [1, 2]
+    path.write_text(good + '{"round": 3}')  # complete but for its line break: still a record
+    assert [r["round"] for r in read_records(path)] == [1, 2, 3]
+    for changed, number in ((good + "[1, 2]\n", 3), ('{"round": 1}\nxx\n{"round": 3}\n', 2), ('{"no": 1}\n', 1)):
+        path.write_text(changed)
+        with pytest.raises(MpiflError, match=f"^{path}, line {number}, is no round record .*restore it from a copy$"):
+            read_records(path)
