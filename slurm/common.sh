@@ -36,6 +36,9 @@
 # exits with 75; this shell then runs `scontrol requeue $SLURM_JOB_ID`. The requeued job finds
 # RUN_DIR/checkpoint/meta.json and runs `mpifl.run --resume RUN_DIR`. On SIGTERM (scancel, a
 # preemption without notice) the ranks are also asked to checkpoint, but the job is not requeued.
+# A node lost: Slurm requeues a job whose node fails (--requeue); when mpifl finds a node gone first
+# (--peer-timeout, exit 69), or the launcher ends 0 on a run that did not finish (no summary.md: Open
+# MPI's prterun after losing a node), this shell requeues the job itself, to resume on nodes that answer.
 
 set -euo pipefail
 
@@ -219,26 +222,37 @@ if [[ -z $_mpifl_stop ]]; then
     done
     ((_mpifl_rc == 127 && ${_mpifl_last:-0} > 0)) && _mpifl_rc=$_mpifl_last  # the step had ended and been reaped
     _mpifl_log "job step ended with exit code ${_mpifl_rc}"
+    if ((_mpifl_rc == 0)) && [[ ! -f $RUN_DIR/summary.md ]]; then  # a launcher that lost a node may say 0
+        _mpifl_log "yet the run did not finish (no ${RUN_DIR}/summary.md; Open MPI's prterun ends 0 when it loses" \
+            "a node): counted as a lost node"
+        _mpifl_rc=69
+    fi
 else
     _mpifl_rc=75  # signalled before the step started: nothing ran, requeue as is
     _mpifl_log "signalled before the job step started"
 fi
+_mpifl_requeue() {  # _mpifl_requeue WHY: requeue this job, which resumes RUN_DIR when it starts again
+    if ((_mpifl_restarts >= ${MPIFL_MAX_REQUEUES:-20})); then
+        _mpifl_log "not requeueing: already requeued ${_mpifl_restarts} times (MPIFL_MAX_REQUEUES);" \
+            "resubmit with MPIFL_RUN_DIR=${RUN_DIR} to continue"
+    elif scontrol requeue "$SLURM_JOB_ID"; then
+        _mpifl_log "requeued job ${SLURM_JOB_ID} ($1): it resumes ${RUN_DIR} when it starts again"
+        exit 0
+    else
+        _mpifl_log "scontrol requeue failed; resubmit with MPIFL_RUN_DIR=${RUN_DIR} to continue"
+    fi
+}
 if [[ $_mpifl_stop == USR1 && -n ${SLURM_JOB_ID:-} ]]; then
     # 75: stopped with a checkpoint; 138 (srun) or 10 (mpirun): a rank died of SIGUSR1 before mpifl could
     # handle it (still starting up), so the last checkpoint, if any, is still the one to resume from
     case $_mpifl_rc in
-        75 | 138 | 10)
-            if ((_mpifl_restarts >= ${MPIFL_MAX_REQUEUES:-20})); then
-                _mpifl_log "not requeueing: already requeued ${_mpifl_restarts} times (MPIFL_MAX_REQUEUES);" \
-                    "resubmit with MPIFL_RUN_DIR=${RUN_DIR} to continue"
-            elif scontrol requeue "$SLURM_JOB_ID"; then
-                _mpifl_log "requeued job ${SLURM_JOB_ID}: it resumes ${RUN_DIR} when it starts again"
-                exit 0
-            else
-                _mpifl_log "scontrol requeue failed; resubmit with MPIFL_RUN_DIR=${RUN_DIR} to continue"
-            fi ;;
+        75 | 138 | 10) _mpifl_requeue "stopped" ;;
         *) _mpifl_log "not requeueing: the run did not stop with a checkpoint" ;;
     esac
+elif ((_mpifl_rc == 69)) && [[ -n ${SLURM_JOB_ID:-} ]]; then
+    # a node lost (mpifl's --peer-timeout, or the launcher's word): the requeued job gets nodes that answer and
+    # resumes from the last checkpoint (or starts again without one)
+    _mpifl_requeue "a node was lost"
 elif ((_mpifl_rc == 75)); then
     _mpifl_log "stopped with a checkpoint in ${RUN_DIR}/checkpoint; resubmit with MPIFL_RUN_DIR=${RUN_DIR} to continue"
 fi

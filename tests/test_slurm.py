@@ -257,7 +257,8 @@ def test_sweep_submits_one_array_whose_tasks_run_their_configs(slurm, data_root,
 
 
 STAND_IN = r'''
-"""Stands in for mpifl.run: one second per round, a checkpoint and exit 75 on SIGUSR1/SIGTERM."""
+"""Stands in for mpifl.run: one second per round, a checkpoint and exit 75 on SIGUSR1/SIGTERM; with
+STAND_IN_LOSE=R:CODE, the first attempt checkpoints round R and ends with CODE, as a job that lost a node."""
 import json, os, signal, sys, time
 from pathlib import Path
 
@@ -284,13 +285,16 @@ for r in range(start, rounds + 1):
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"round": r, "resumed": start > 1, "ranks": os.environ.get("SLURM_NTASKS"),
                                 "size": os.environ.get("PMI_SIZE", os.environ.get("SLURM_NTASKS"))}) + "\n")
-    if stop and r < rounds:
+    lose, code = map(int, os.environ.get("STAND_IN_LOSE", "0:0").split(":"))
+    lost = r == lose and os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+    if (stop or lost) and r < rounds:
         if rank == 0:
             (out / "checkpoint").mkdir(exist_ok=True)
             (out / "checkpoint" / "meta.json").write_text(json.dumps({"round": r}))
-        sys.exit(75)
-if rank == 0:
+        sys.exit(code if lost else 75)
+if rank == 0:  # what a finished run writes last (slurm/common.sh checks for summary.md)
     (out / "summary.csv").write_text("done\n")
+    (out / "summary.md").write_text("done\n")
 '''
 
 
@@ -309,6 +313,24 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(s
     assert "job step ended with exit code 75" in out and f"--resume {run_dir}" in out
     assert numbers(run_dir) == numbers(tmp_path / "baseline")  # every round, bit for bit
     assert (run_dir / "summary.csv").read_text() == (tmp_path / "baseline" / "summary.csv").read_text()
+
+
+@pytest.mark.parametrize("code", [69, 0])
+def test_a_job_that_lost_a_node_is_requeued_and_resumes(slurm, data_root, tmp_path, code):
+    """69: mpifl found a node lost (--peer-timeout); 0 with no summary.md: the launcher ended the job as if done
+    (Open MPI's prterun after it lost a node).  Either way the script requeues the job, which resumes."""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(STAND_IN)
+    job = submit("styledigits.sh", tmp_path, data_root, MPIFL_PROGRAM=f"python {stand_in}", MPIFL_ROUNDS="4",
+                 MPIFL_LAUNCHER="mpirun", STAND_IN_LOSE=f"2:{code}")
+    (record,) = wait_for(job, tmp_path)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert_completed(record, tmp_path)
+    assert record["Restarts"] == "1" and f"job step ended with exit code {code}" in out, out
+    assert ("counted as a lost node" in out) == (code == 0) and "(a node was lost)" in out
+    run_dir = tmp_path / "runs" / f"mpifl-styledigits-{job}"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2, 3, 4] and lines[2]["resumed"]
 
 
 def test_sigterm_stops_with_a_checkpoint_without_requeue_and_a_resubmission_continues(slurm, data_root, tmp_path):
