@@ -144,6 +144,8 @@ def start(n: int) -> None:
         raise Refusal("run as root (network namespaces)")
     if names():
         if len(names()) == n and status(quiet=True) == 0:
+            if not broker_alive():
+                start_broker()
             print(f"hosts: {n} hosts already up", file=sys.stderr)
             return
         stop()
@@ -219,6 +221,16 @@ def cgroup_mounts() -> list[str]:
     return commands
 
 
+def broker_alive() -> bool:
+    """Whether the broker answers on its socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(SOCKET))
+        except OSError:
+            return False
+    return True
+
+
 def start_broker() -> None:
     SOCKET.unlink(missing_ok=True)
     with open(STATE / "broker.log", "a") as log:
@@ -285,6 +297,7 @@ def interface_bytes(host: str) -> tuple[int, int]:
 def serve() -> None:
     """Accept ``run`` and ``ssh`` requests on :data:`SOCKET`, each in a thread of its own."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    os.umask(0o077)  # the socket is root's alone: whoever may connect runs commands as root in the hosts
     server.bind(str(SOCKET))
     server.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

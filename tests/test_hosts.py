@@ -79,11 +79,15 @@ def nodes():
         hosts("stop", check=False)
 
 
-@pytest.fixture
-def up(nodes):
+def all_up() -> None:
     """Every host up and on the network (a test before may have killed or cut one)."""
     if subprocess.run([sys.executable, str(HOSTS), "status"], capture_output=True).returncode:
         hosts("start", "3")
+
+
+@pytest.fixture
+def up(nodes):
+    all_up()
     return nodes
 
 
@@ -429,6 +433,7 @@ def slurm_on_hosts(nodes):
         if os.environ.get("MPIFL_REQUIRE_SLURM") == "1":
             pytest.fail(message)
         pytest.skip(message)
+    all_up()  # set up before the test's own fixtures: a test before may have killed or cut a host
     start = subprocess.run([str(REPO / "launch" / "local-slurm.sh"), "start-hosts"], capture_output=True, text=True,
                            timeout=300)
     assert start.returncode == 0, start.stderr
