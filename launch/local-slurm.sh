@@ -78,30 +78,22 @@ start_munge() {
     die "munged does not answer (see /var/log/munge/munged.log)"
 }
 
-write_config() {
-    if [[ -e $CONF ]] && ! grep -qF "$MARK" "$CONF"; then
-        die "$CONF exists and was not written by this script; refusing to overwrite a real Slurm configuration"
-    fi
-    mkdir -p "$CONF_DIR" "${STATE}/ctld" "${STATE}/d"
-    local memory
-    memory=$(awk '/^MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
-    cat >"$CONF" <<EOF
-${MARK}; do not edit
-ClusterName=mpifl-local
+shared_settings() {  # shared_settings DIR SUFFIX: both Slurms' settings; DIR holds the state, SUFFIX a node's files
+    local dir=$1 suffix=$2
+    cat <<EOF
 MailProg=/bin/true
-SlurmctldHost=${NODE}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # a requeued job may start again after cred_expire seconds (default 120)
 AuthInfo=cred_expire=10
-StateSaveLocation=${STATE}/ctld
-SlurmdSpoolDir=${STATE}/d
-SlurmctldPidFile=${STATE}/slurmctld.pid
-SlurmdPidFile=${STATE}/slurmd.pid
-SlurmctldLogFile=${STATE}/slurmctld.log
-SlurmdLogFile=${STATE}/slurmd.log
+StateSaveLocation=${dir}/ctld
+SlurmdSpoolDir=${dir}/d${suffix}
+SlurmctldPidFile=${dir}/slurmctld.pid
+SlurmdPidFile=${dir}/slurmd${suffix}.pid
+SlurmctldLogFile=${dir}/slurmctld.log
+SlurmdLogFile=${dir}/slurmd${suffix}.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # no cgroups: these work in containers
@@ -119,12 +111,28 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 # finished jobs stay visible to scontrol for an hour (tests read their state)
 MinJobAge=3600
-KillWait=30
 JobRequeue=1
 GresTypes=gpu
-NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=$((memory > 262144 ? memory : 262144)) Gres=gpu:${GPUS} State=UNKNOWN
-PartitionName=debug Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP
 EOF
+}
+
+write_config() {
+    if [[ -e $CONF ]] && ! grep -qF "$MARK" "$CONF"; then
+        die "$CONF exists and was not written by this script; refusing to overwrite a real Slurm configuration"
+    fi
+    mkdir -p "$CONF_DIR" "${STATE}/ctld" "${STATE}/d"
+    local memory
+    memory=$(awk '/^MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
+    {
+        echo "${MARK}; do not edit"
+        echo "ClusterName=mpifl-local"
+        echo "SlurmctldHost=${NODE}(127.0.0.1)"
+        shared_settings "$STATE" ""
+        echo "KillWait=30"
+        echo "NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=$((memory > 262144 ? memory : 262144))" \
+            "Gres=gpu:${GPUS} State=UNKNOWN"
+        echo "PartitionName=debug Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP"
+    } >"$CONF"
     # a gpu GRES needs device files: empty stand-ins, numbered like /dev/nvidiaN (CUDA_VISIBLE_DEVICES follows N)
     local i
     for ((i = 0; i < GPUS; i++)); do touch "${STATE}/fakegpu${i}"; done
@@ -236,41 +244,14 @@ write_hosts_config() {  # write_hosts_config NODE...
     nodes=$(IFS=,; echo "$*")
     memory=$(awk '/^MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
     mkdir -p "${HOSTS_STATE}/ctld"
-    cat >"${HOSTS_STATE}/slurm.conf" <<EOF
-${MARK}: a Slurm over the emulated hosts
-ClusterName=mpifl-hosts
-MailProg=/bin/true
-SlurmctldHost=$1($(address_of "$1"))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=cred_expire=10
-StateSaveLocation=${HOSTS_STATE}/ctld
-SlurmdSpoolDir=${HOSTS_STATE}/d-%n
-SlurmctldPidFile=${HOSTS_STATE}/slurmctld.pid
-SlurmdPidFile=${HOSTS_STATE}/slurmd-%n.pid
-SlurmctldLogFile=${HOSTS_STATE}/slurmctld.log
-SlurmdLogFile=${HOSTS_STATE}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=pmi2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge=3600
-KillWait=5
-JobRequeue=1
-SlurmdTimeout=6
-GresTypes=gpu
-EOF
+    {
+        echo "${MARK}: a Slurm over the emulated hosts"
+        echo "ClusterName=mpifl-hosts"
+        echo "SlurmctldHost=$1($(address_of "$1"))"
+        shared_settings "$HOSTS_STATE" "-%n"
+        echo "KillWait=5"
+        echo "SlurmdTimeout=6"
+    } >"${HOSTS_STATE}/slurm.conf"
     for node in "$@"; do
         mkdir -p "${HOSTS_STATE}/d-${node}"
         echo "NodeName=${node} NodeAddr=$(address_of "$node") CPUs=${CPUS}" \
