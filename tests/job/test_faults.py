@@ -7,6 +7,7 @@ resilience issue counts; none may hang (each has a hard subprocess timeout).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,7 +83,8 @@ def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_wi
         _, err = job.communicate(timeout=60)
     finally:
         job.kill()
-        os.kill(frozen, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # Open MPI's launcher may have ended it already
+            os.kill(frozen, signal.SIGKILL)
     assert job.returncode == 69 and time.monotonic() - stopped_at < 3 + 8
     errors = [line for line in err.splitlines() if line.startswith("mpifl: ")]
     assert errors == [f"mpifl: error: lost rank 2 (pid {frozen} on {socket.gethostname()}): nothing heard from it for "
