@@ -53,6 +53,7 @@ from ..server.serve import serve
 from ..session.session import Session, make_session, read_labels
 from ..transport.comm import Comm
 from ..transport.inprocess import run_threads
+from ..transport.topology import NodeLayout, affinity, fold_threads
 
 T = TypeVar("T")
 IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host
@@ -228,23 +229,26 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         collectively(comm, lambda: traceback_dir, check_shared)
         if host is not None:
             host.run_dir = run_dir
-        _serve_or_host(cfg, comm, session, host, traceback_dir or Kept(run_dir), resumed, stop)
+        _serve_or_host(cfg, comm, session, host, traceback_dir or Kept(run_dir), resumed, stop, layout)
     finally:
         if owner is not None:
             owner.release()
 
 
 def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Kept,
-                   resumed: Checkpoint | None, stop: StopRequest) -> None:
+                   resumed: Checkpoint | None, stop: StopRequest, layout: NodeLayout) -> None:
     """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
     # where each rank runs, so the log maps a pid that the kernel or the launcher names to a rank
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
     threads = torch.get_num_threads()
-    processes = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads"
+    uploads = ", uploads sent at once (single copy)" if comm.sends_at_once else ""
+    processes = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads{uploads}"
                                     + (f", {host.placement_note()}" if host else ""), threads))
+    placed = comm.gather_object((affinity(), threads))  # rank 0 folds on the cores its node's client ranks leave
     try:
         if comm.rank == 0:
-            stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes)
+            folds = fold_threads(layout, cfg.fold_threads, *zip(*placed))
+            stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes, folds)
         else:
             host.run()
             stopped_by = host.stopped

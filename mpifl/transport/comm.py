@@ -37,6 +37,7 @@ class Comm:
     """A world of ``size`` ranks as seen from ``rank`` (0 is the server)."""
 
     in_process = False  # True: every rank is a thread of this process
+    sends_at_once = False  # a client rank whose messages the library moves without it (MpiComm's probe)
 
     def __init__(self, rank: int, size: int, peers: list[str], timeout: float | None = None):
         self.rank, self.size = rank, size
