@@ -10,18 +10,21 @@ Rank 0 never holds a round's uploads all at once.  A method states its aggregati
 3. :meth:`Algorithm.aggregate`: the new global state from those sums (``Uploads.sums``).
 
 While the clients train, the server receives the other uploaded tensors client by client, in client-id
-order, a few at a time, and :class:`Folding` adds them into float64 sums.  A method whose sums need what
-training returned (:attr:`Algorithm.reductions_need_results`: FedNova's steps, FedDG-GA's gaps) runs 2
-before 1, after the gather, and is folded then.  Every sum is accumulated in client-id order, element by
-element exactly as a single pass over all uploads would (:func:`weighted_sum`), so the result is bit for
-bit the same whoever hosts which client and however many arrive at once: rank-count invariance holds, and
-rank 0's memory is one window of uploads plus the sums, whatever the number of clients in the round.
+order, and :class:`Folding` adds them into float64 sums, in the background (:class:`Behind`) while the next
+upload arrives.  A method whose sums need what training returned (:attr:`Algorithm.reductions_need_results`:
+FedNova's steps, FedDG-GA's gaps) runs 2 before 1, after the gather, and is folded then.  Every sum is
+accumulated in client-id order, element by element exactly as a single pass over all uploads would
+(:func:`weighted_sum`), so the result is bit for bit the same whoever hosts which client, however many arrive
+at once and however many threads (:class:`FoldThreads`) share the elements: rank-count invariance holds, and
+rank 0's memory is a few uploads plus the sums, whatever the number of clients in the round.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -42,24 +45,160 @@ def mean_weights(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-class Folding:
-    """Float64 running sums of ``reductions`` (by name), fed the round's uploads in client-id order."""
+class FoldThreads:
+    """``count`` threads that share every fold by element ranges: the thread that folds takes the first range,
+    ``count - 1`` persistent pool threads the others; and one more thread that folds in the background
+    (:class:`Behind`).  Made once (by the server) and reused every round; numpy releases the GIL in its
+    ufuncs, so the ranges run at once."""
 
-    def __init__(self, reductions: Mapping[str, Reduction]):
+    def __init__(self, count: int = 1):
+        if count < 1:
+            raise ValueError(f"{count} fold threads")
+        self.count = count
+        self._pool = ThreadPoolExecutor(count - 1, thread_name_prefix="mpifl-fold") if count > 1 else None
+        self._background: ThreadPoolExecutor | None = None
+
+    def run(self, tasks: Sequence[Callable[[], None]]) -> None:
+        """Run ``tasks`` (at most ``count``) at once, the first in this thread; return when all are done."""
+        others = [self._pool.submit(task) for task in tasks[1:]]
+        try:
+            tasks[0]()
+        finally:
+            wait(others)  # every range is done before a sum is read or its uploads' buffer reused
+        for future in others:
+            future.result()
+
+    def background(self, job: Callable[[], None]) -> None:
+        """Start ``job`` on the background thread (jobs run one after another, in the order started)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="mpifl-fold-behind")
+        self._background.submit(job)
+
+    def __enter__(self) -> FoldThreads:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """End the threads (after what they run)."""
+        for pool in (self._pool, self._background):
+            if pool is not None:
+                pool.shutdown()
+
+
+SERIAL = FoldThreads(1)
+
+
+def ranges(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int, int]]]:
+    """The elements of arrays of ``sizes``, laid end to end in blocks of ``SUM_BLOCK`` (an array's last block
+    shorter), cut into at most ``parts`` runs of consecutive blocks, as near equal in blocks as can be: each run
+    as its (array, start, stop) element ranges, every start at a block boundary of its array."""
+    blocks = [-(-n // SUM_BLOCK) for n in sizes]
+    total = sum(blocks)
+    parts = max(1, min(parts, total))
+    cuts = [total * i // parts for i in range(parts + 1)]
+    runs = []
+    for low, high in zip(cuts, cuts[1:]):
+        run, first = [], 0
+        for index, count in enumerate(blocks):
+            start, stop = max(low, first), min(high, first + count)
+            if start < stop:
+                run.append((index, (start - first) * SUM_BLOCK, min(sizes[index], (stop - first) * SUM_BLOCK)))
+            first += count
+        runs.append(run)
+    return runs
+
+
+def _fold(sums: Sequence[tuple[np.ndarray, list[tuple[float, np.ndarray]]]], threads: FoldThreads) -> None:
+    """Add sum_k c_k x_k to each flat float64 ``acc`` of ``sums`` [(acc, [(c_k, flat x_k), ...])], over element
+    ranges on ``threads``.  Block by block, every term of a block in order before the next block: each element's
+    sum is one chain of additions in the terms' order, whichever thread runs its range."""
+
+    def fold(run: list[tuple[int, int, int]]) -> Callable[[], None]:
+        def task() -> None:
+            scratch = np.empty(SUM_BLOCK, dtype=np.float64)
+            for index, start, stop in run:
+                acc, terms = sums[index]
+                for low in range(start, stop, SUM_BLOCK):
+                    high = min(low + SUM_BLOCK, stop)
+                    block, term = acc[low:high], scratch[:high - low]
+                    for c, x in terms:
+                        np.multiply(x[low:high], c, out=term, dtype=np.float64)
+                        block += term
+        return task
+
+    threads.run([fold(run) for run in ranges([acc.size for acc, _ in sums], threads.count)])
+
+
+def _terms(values: Sequence[np.ndarray], coefficients: np.ndarray) -> list[tuple[float, np.ndarray]]:
+    if not all(np.issubdtype(v.dtype, np.floating) for v in values):
+        raise TypeError("only floating-point tensors can be summed")
+    return [(c, np.ravel(x)) for c, x in zip(coefficients, values) if c]
+
+
+class Folding:
+    """Float64 running sums of ``reductions`` (by name), fed the round's uploads in client-id order, folded
+    on ``threads``."""
+
+    def __init__(self, reductions: Mapping[str, Reduction], threads: FoldThreads = SERIAL):
         self.reductions = dict(reductions)
+        self.threads = threads
         self.sums: dict[str, np.ndarray] = {}
         self.folded = 0  # clients added so far
 
     def add(self, window: Sequence[Mapping[str, np.ndarray]]) -> None:
         """Add the next ``len(window)`` clients, each a mapping from upload name to its tensor."""
-        first = self.folded
+        first, work = self.folded, []
         for name, reduction in self.reductions.items():
             values = [uploads[reduction.upload] for uploads in window]
             coefficients = np.asarray(reduction.coefficients, dtype=np.float64)[first:first + len(window)]
             if name not in self.sums:
                 self.sums[name] = np.zeros(values[0].shape, dtype=np.float64)
-            weighted_sum(values, coefficients, out=self.sums[name])
+            work.append((self.sums[name].reshape(-1), _terms(values, coefficients)))
+        _fold(work, self.threads)
         self.folded += len(window)
+
+
+class Behind:
+    """Folds the uploads handed to it, one client at a time in client-id order, on the background thread of
+    ``folding.threads`` while the caller receives the next ones.  Each pass folds every upload handed over
+    since the last pass as one window (one window per client while the fold keeps up, larger ones, read
+    once per window, when uploads come faster), so the sums are the chain of additions in client-id order."""
+
+    def __init__(self, folding: Folding):
+        self.folding = folding
+        self._handed: list[Mapping[str, np.ndarray]] = []  # not folded yet
+        self._running = False  # a pass is on the background thread
+        self._failed: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def hand(self, uploads: Mapping[str, np.ndarray]) -> None:
+        """The next client's uploads; they must stay as they are until :meth:`wait` says they are folded."""
+        with self._changed:
+            self._handed.append(uploads)
+            if not self._running:
+                self._running = True
+                self.folding.threads.background(self._drain)
+
+    def wait(self, clients: int) -> None:
+        """Return once the first ``clients`` uploads handed over are folded; raise what the fold raised."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._failed or self.folding.folded >= clients)
+            if self._failed:
+                raise self._failed
+
+    def _drain(self) -> None:
+        while True:
+            with self._changed:
+                window, self._handed = self._handed, []
+                if not window or self._failed:
+                    self._running = False
+                    self._changed.notify_all()
+                    return
+            try:
+                self.folding.add(window)
+            except BaseException as exc:  # for wait() to raise in the caller's thread
+                self._failed = exc
+            with self._changed:
+                self._changed.notify_all()
 
 
 def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -70,7 +209,7 @@ def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarr
 
 
 def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, threads: FoldThreads = SERIAL) -> np.ndarray:
     """``out`` + sum_k c_k x_k in float64 (``out`` None: a new zero sum), accumulated in client-id order;
     terms with c_k = 0 are skipped.
 
@@ -78,19 +217,10 @@ def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
     invariance), and of how the clients are split into calls: each element's sum is the same chain of
     additions.  The sum runs block by block over the elements, every client's term of a block before the
     next block, so the partial sum never leaves the cache: each upload is read once and the result
-    written once (3x faster than whole-array passes for a 50 MB model, with the same bits).
+    written once (3x faster than whole-array passes for a 50 MB model, with the same bits).  ``threads``
+    share the blocks in runs of consecutive ones; an element's chain is the same whichever runs it.
     """
-    if not all(np.issubdtype(v.dtype, np.floating) for v in values):
-        raise TypeError("only floating-point tensors can be summed")
-    coefficients = np.asarray(coefficients, dtype=np.float64)
+    terms = _terms(values, np.asarray(coefficients, dtype=np.float64))
     acc = np.zeros(values[0].shape, dtype=np.float64) if out is None else out
-    flat_acc = acc.reshape(-1)
-    terms = [(c, np.ravel(x)) for c, x in zip(coefficients, values) if c]
-    scratch = np.empty(min(SUM_BLOCK, flat_acc.size), dtype=np.float64)
-    for start in range(0, flat_acc.size, SUM_BLOCK):
-        block = flat_acc[start:start + SUM_BLOCK]
-        term = scratch[:len(block)]
-        for c, x in terms:
-            np.multiply(x[start:start + SUM_BLOCK], c, out=term, dtype=np.float64)
-            block += term
+    _fold([(acc.reshape(-1), terms)], threads)
     return acc

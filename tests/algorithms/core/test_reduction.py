@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from mpifl.algorithms import Folding, Reduction, weighted_mean
-from mpifl.algorithms.core.reduction import SUM_BLOCK, mean_weights, weighted_sum
+from mpifl.algorithms.core import reduction
+from mpifl.algorithms.core.reduction import SUM_BLOCK, Behind, FoldThreads, mean_weights, ranges, weighted_sum
 
 
 def test_weighted_mean_in_float64_and_order_fixed():
@@ -46,3 +47,107 @@ def test_folding_in_windows_gives_the_single_pass_bits(window):
     np.testing.assert_array_equal(folding.sums["sum_a"], weighted_sum([u["a"] for u in uploads], [0.5, 0, 2, 0, -1]))
     np.testing.assert_array_equal(folding.sums["mean_b"], weighted_mean([u["b"] for u in uploads], weights))
     assert not np.array_equal(folding.sums["mean_a"], weighted_mean([u["a"] for u in uploads[::-1]], weights[::-1]))
+
+
+def _order_sensitive(rng, shape, k):
+    """Uploads whose float64 sums change with the order of the additions: magnitudes from 1e-8 to 1e8."""
+    return [(rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 9, shape)).astype(np.float32) for _ in range(k)]
+
+
+def _sequential(values, coefficients):
+    """The plain chain of additions, client by client over whole arrays."""
+    acc = np.zeros(values[0].shape, np.float64)
+    for c, x in zip(coefficients, values):
+        if c:
+            acc += np.float64(c) * x.astype(np.float64)
+    return acc
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_folding_on_threads_gives_the_sequential_bits_for_any_count(threads):
+    """Odd sizes (no multiple of the block), zero coefficients and several windows: every thread count gives the
+    plain sequential chain's bits, which the reversed order of the same uploads does not."""
+    rng = np.random.default_rng(2)
+    shapes = {"a": (3 * SUM_BLOCK + 17,), "b": (5, 7), "c": (), "d": (SUM_BLOCK - 1,), "e": (2, SUM_BLOCK + 3)}
+    k = 6
+    uploads = {name: _order_sensitive(rng, shape, k) for name, shape in shapes.items()}
+    coefficients = {name: rng.uniform(-2, 2, k) for name in shapes}
+    coefficients["a"][[1, 4]] = 0.0
+    reductions = {name: Reduction(name, coefficients[name]) for name in shapes}
+    with FoldThreads(threads) as pool:
+        folding = Folding(reductions, pool)
+        for window in ([0], [1, 2, 3], [4, 5]):
+            folding.add([{name: uploads[name][i] for name in shapes} for i in window])
+        alone = weighted_sum(uploads["a"], coefficients["a"], threads=pool)
+    for name in shapes:
+        reference = _sequential(uploads[name], coefficients[name])
+        assert folding.sums[name].shape == shapes[name]
+        np.testing.assert_array_equal(folding.sums[name], reference)
+    np.testing.assert_array_equal(alone, _sequential(uploads["a"], coefficients["a"]))
+    assert not np.array_equal(folding.sums["a"], _sequential(uploads["a"][::-1], coefficients["a"][::-1]))
+
+
+@pytest.mark.parametrize("sizes, parts", [([3 * SUM_BLOCK + 17], 2), ([35, 1, SUM_BLOCK - 1, 2 * SUM_BLOCK + 3], 3),
+                                          ([0, 5 * SUM_BLOCK, 1], 7), ([10], 4), ([0], 3)])
+def test_ranges_cover_every_element_once_in_block_aligned_runs(sizes, parts):
+    runs = ranges(sizes, parts)
+    blocks = sum(-(-n // SUM_BLOCK) for n in sizes)
+    assert len(runs) == max(1, min(parts, blocks))
+    covered = [np.zeros(n, np.int64) for n in sizes]
+    for run in runs:
+        for index, start, stop in run:
+            assert start % SUM_BLOCK == 0 and start < stop <= sizes[index]
+            covered[index][start:stop] += 1
+    assert all((c == 1).all() for c in covered)
+    counts = [sum(-(-(stop - start) // SUM_BLOCK) for _, start, stop in run) for run in runs]
+    assert max(counts) - min(counts) <= 1  # as near equal in blocks as can be
+
+
+def test_a_fold_whose_ranges_overlap_or_run_out_of_order_is_caught(monkeypatch):
+    """The sequential reference tells a wrong split apart: ranges that overlap add an element twice, and
+    clients added in another order round otherwise."""
+    rng = np.random.default_rng(3)
+    values, coefficients = _order_sensitive(rng, (4 * SUM_BLOCK + 9,), 5), rng.uniform(0.1, 2, 5)
+    reference = _sequential(values, coefficients)
+    split = reduction.ranges
+
+    def overlapping(sizes, parts):
+        runs = split(sizes, parts)
+        return runs[:1] + [[(i, max(0, start - SUM_BLOCK), stop) for i, start, stop in run] for run in runs[1:]]
+
+    monkeypatch.setattr(reduction, "ranges", overlapping)
+    with FoldThreads(3) as pool:
+        assert not np.array_equal(weighted_sum(values, coefficients, threads=pool), reference)
+    monkeypatch.setattr(reduction, "ranges", split)
+    with FoldThreads(3) as pool:
+        shuffled = [values[i] for i in (0, 2, 1, 3, 4)]
+        assert not np.array_equal(weighted_sum(shuffled, coefficients[[0, 2, 1, 3, 4]], threads=pool), reference)
+        np.testing.assert_array_equal(weighted_sum(values, coefficients, threads=pool), reference)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(threads):
+    """Uploads handed over one by one, faster or slower than the fold, are folded in client-id order; ``wait(k)``
+    returns once the first k are in the sums."""
+    rng = np.random.default_rng(4)
+    values, coefficients = _order_sensitive(rng, (2 * SUM_BLOCK + 5,), 9), rng.uniform(-1, 1, 9)
+    with FoldThreads(threads) as pool:
+        folding = Folding({"s": Reduction("x", coefficients)}, pool)
+        behind = Behind(folding)
+        for k, x in enumerate(values):
+            behind.hand({"x": x})
+            if k == 3:
+                behind.wait(4)
+                assert folding.folded == 4
+                np.testing.assert_array_equal(folding.sums["s"], _sequential(values[:4], coefficients[:4]))
+        behind.wait(len(values))
+    assert folding.folded == len(values)
+    np.testing.assert_array_equal(folding.sums["s"], _sequential(values, coefficients))
+
+
+def test_a_failed_fold_behind_is_raised_where_it_is_waited_for():
+    with FoldThreads(2) as pool:
+        behind = Behind(Folding({"s": Reduction("x", [1.0, 1.0])}, pool))
+        behind.hand({"x": np.zeros(3, np.int64)})
+        with pytest.raises(TypeError, match="floating-point"):
+            behind.wait(1)
