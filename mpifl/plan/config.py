@@ -97,6 +97,7 @@ class RunConfig:
     out: str | None = None
     device: str = "auto"
     threads: int = 0
+    fold_threads: int = 0  # rank 0's threads for folding the uploads (mpifl.transport.topology.fold_threads)
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
@@ -127,8 +128,8 @@ class RunConfig:
 #: What a resumed run (``--resume RUN_DIR``) may change: how and where it runs, not what it computes.  Every other
 #: option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the command
 #: line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these.
-RESUMABLE = ("rounds", "data_root", "device", "threads", "eval_batch_size", "stream_above", "private_memory",
-             "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic")
+RESUMABLE = ("rounds", "data_root", "device", "threads", "fold_threads", "eval_batch_size", "stream_above",
+             "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic")
 
 
 _CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
@@ -231,6 +232,7 @@ def check(cfg: RunConfig) -> None:
         (cfg.eval_every >= 1, "--eval-every must be >= 1"),
         (cfg.select_by in SELECT_BY, f"--select-by must be one of {', '.join(SELECT_BY)}"),
         (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
+        (cfg.fold_threads >= 0, "--fold-threads must be >= 0 (0 = automatic)"),
         (cfg.ckpt_every >= 0, "--ckpt-every must be >= 0 (0 = only when stopped by a signal)"),
         (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),
         (cfg.peer_timeout == 0 or cfg.peer_timeout >= 1, "--peer-timeout must be at least 1 second (0 = never)"),

@@ -25,8 +25,9 @@ from mpifl.rundir.names import CONFIG, METRICS
 from mpifl.server.run_log import metric_of, read_records, selection_of, summary_rows
 
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
-IGNORED_KEYS = ("seed", "out", "device", "threads", "data_root", "eval_batch_size", "stream_above", "private_memory",
-                "ckpt_every", "round_timeout", "peer_timeout", "compile", "channels_last", "gpu_buffers")
+IGNORED_KEYS = ("seed", "out", "device", "threads", "fold_threads", "data_root", "eval_batch_size", "stream_above",
+                "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "compile", "channels_last",
+                "gpu_buffers")
 
 
 @dataclass

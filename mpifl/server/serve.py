@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .. import __version__
+from ..algorithms.core.reduction import FoldThreads
 from ..plan.config import RunConfig
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint
@@ -20,9 +21,9 @@ from .server import Server
 
 
 def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: Checkpoint | None,
-          stop: StopRequest, processes: list[tuple[str, int]]) -> str | None:
+          stop: StopRequest, processes: list[tuple[str, int]], fold_threads: int) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
-    (pid, host and threads for the log, torch threads)."""
+    (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads."""
     threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
@@ -41,7 +42,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    log_lines.append(f"rank 0 ({processes[0][0]}): server")
+    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {fold_threads} "
+                     f"thread{'s' if fold_threads > 1 else ''}")
     log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}"
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
@@ -64,8 +66,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                                              f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
             log_file.flush()
 
-        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads)
-        server.run()
+        with FoldThreads(fold_threads) as folds:
+            server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
+            server.run()
         if server.stopped_by:
             line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
                     f"{run_dir / 'checkpoint'}; continue with --resume {run_dir}")

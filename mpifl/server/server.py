@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms import Folding, Reduction, Uploads
+from ..algorithms.core.reduction import SERIAL, Behind, FoldThreads
 from ..data.manifest import build_of
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
@@ -44,7 +45,7 @@ from .run_log import local_val_acc
 # each client rank's seconds of a round in metrics.jsonl (rank_seconds), by the fields of its report
 RANK_FIELDS = (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"), ("communication", "communication"),
                ("waiting", "waiting"))
-FOLD_WINDOW_BYTES = 256 << 20  # rank 0 receives this many bytes of clients' uploads (at least one) at once
+FOLD_WINDOW_BYTES = 256 << 20  # rank 0 holds this many bytes of clients' uploads not yet folded (at least two clients')
 
 
 class Server:
@@ -57,7 +58,8 @@ class Server:
 
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
                  on_round: Callable[[int, int | None, float | None], None], run_dir: Path,
-                 resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None):
+                 resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None,
+                 folds: FoldThreads = SERIAL):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
         self.threads = threads  # each client rank's torch threads, for the checkpoints
@@ -67,7 +69,8 @@ class Server:
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
-        self.fold_buffer = ReusedBuffer()  # one window of clients' summed uploads
+        self.folds = folds  # the threads that fold the uploads (--fold-threads)
+        self.fold_buffer = ReusedBuffer()  # the clients' summed uploads received and not folded yet
         self.receiving_seconds = 0.0  # of the round, in _fold's receives: communication or waiting, not aggregation
 
     def run(self) -> None:
@@ -160,21 +163,29 @@ class Server:
         return Uploads(clients=np.array(plan.sampled, dtype=np.int64), meta=meta, tensors={})
 
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
-        """Receive every trained client's summed uploads, in client-id order, ``FOLD_WINDOW_BYTES`` at a time,
-        and add them into the sums of ``reductions``; the time receiving counts in ``receiving_seconds``."""
-        folding = Folding(reductions)
+        """Receive every trained client's summed uploads, one client at a time in client-id order, and add them
+        into the sums of ``reductions`` behind the receives (:class:`~mpifl.algorithms.core.reduction.Behind`):
+        the fold threads add client k while client k+1 arrives, so once the last has arrived only its fold is left.
+        The uploads wait in ``FOLD_WINDOW_BYTES`` of buffers (at least two clients') until folded.
+
+        Time: the receives count in ``receiving_seconds`` (communication or waiting), whatever is folded meanwhile;
+        what the round spends on the fold alone, waiting for a buffer to be folded before the next receive and for
+        the last folds after the last receive, is left to aggregation."""
+        folding = Folding(reductions, self.folds)
         size = messages.summed.nbytes
         if size:
             owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
-            window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
-            buf = self.fold_buffer.get(window * size)
-            for start in range(0, len(plan.sampled), window):
-                clients = plan.sampled[start:start + window]
-                parts = [buf[i * size:(i + 1) * size] for i in range(len(clients))]
+            buffers = min(len(plan.sampled), max(2, FOLD_WINDOW_BYTES // size))
+            buf = self.fold_buffer.get(buffers * size)
+            behind = Behind(folding)
+            for k, client in enumerate(plan.sampled):
+                behind.wait(k + 1 - buffers)  # the upload this buffer held is folded
+                part = buf[k % buffers * size:(k % buffers + 1) * size]
                 started = time.perf_counter()
-                self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads")
+                self.comm.receive([part], [owner[client]], "the clients' uploads")
                 self.receiving_seconds += time.perf_counter() - started
-                folding.add([messages.summed.unpack(part) for part in parts])
+                behind.hand(messages.summed.unpack(part))
+            behind.wait(len(plan.sampled))
         return folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],

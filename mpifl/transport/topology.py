@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -29,3 +30,15 @@ def affinity() -> frozenset[int]:
         return frozenset(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return frozenset(range(os.cpu_count() or 1))
+
+
+def fold_threads(layout: NodeLayout, requested: int, cores: Sequence[frozenset[int]], threads: Sequence[int]) -> int:
+    """Rank 0's threads for folding the uploads (``--fold-threads``; 0 = automatic): the cores it may run on
+    less those the client ranks of its node train on, at least 1.  ``cores`` and ``threads``: each rank's cores
+    (:func:`affinity`) and torch threads (as ``threads_for`` set them), indexed by world rank; a client rank takes its
+    threads, or the cores it shares with rank 0 where fewer (a rank bound to cores of its own takes none)."""
+    if requested > 0:
+        return requested
+    mine = cores[layout.rank]
+    taken = sum(min(threads[rank], len(cores[rank] & mine)) for rank in layout.client_ranks)
+    return max(1, len(mine) - taken)
