@@ -182,12 +182,16 @@ def wire_bytes(session: Session, measured: dict, client_ranks: int, evaluated: b
     """A round's uploaded bytes against the manifest (``--show-manifest``): on the wire go the manifest's
     tensors of every client, plus per client its ``client.meta`` and the padding to 8 bytes of its gathered
     and of its summed part, per rank its report (``rank.seconds`` and the rest of its fixed record), and,
-    when the round's message carried an evaluation (``evaluated``), every client's scores."""
+    when the round's message carried an evaluation (``evaluated``), the scores of every batch of the global model's
+    evaluation and of every personal model."""
     clients = len(session.clients)
     per_client = sum(s.nbytes for s in session.algo.policy().upload)
     messages = session.messages()
+    evaluation = session.evaluation()
+    scores = (messages.scores(len(evaluation.batches)).nbytes
+              + messages.eval.nbytes * sum(len(mine) for mine in evaluation.personal))
     metadata = ((messages.client.nbytes + messages.summed.nbytes - per_client) * clients
-                + messages.rank.nbytes * client_ranks + (messages.eval.nbytes * clients if evaluated else 0))
+                + messages.rank.nbytes * client_ranks + (scores if evaluated else 0))
     return {"manifest_up": per_client * clients, "wire_up": measured["wire_up"], "wire_down": measured["wire_down"],
             "matches_manifest": measured["wire_up"] == per_client * clients + metadata}
 

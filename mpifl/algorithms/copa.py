@@ -187,6 +187,11 @@ class COPA(FedAvg):
         self._ensemble = self.stacked(download)
         return client.private
 
+    @property
+    def global_model_shared(self):
+        """One model for every client: the ensemble of the download's heads replaces the client's own head's output."""
+        return True
+
     def personalize(self, client, model, fit):
         """The personal model is the client's own head on the global body: no ensemble."""
         self._ensemble = None

@@ -49,6 +49,12 @@ class FedBABU(FedAvg):
     def trainable(self, entry, epoch):
         return not entry.is_head
 
+    @property
+    def global_model_shared(self):
+        """One model for every client: its private head is the same seeded initial one everywhere, never trained
+        (fine-tuning changes a personal model, not the client's state)."""
+        return True
+
     def personalize(self, client, model, fit):
         epochs = self.cfg.opt("fedbabu_finetune_epochs")
         if epochs:

@@ -153,6 +153,11 @@ class FedNN(FedProx):
         set_agn_tau(model, self.tau(round_index))
         self.eval_round = round_index
 
+    @property
+    def global_eval_per_batch(self):
+        """Not under ``--agn-eval gumbel``: its draws, seeded once per client, run on through the client's batches."""
+        return self.cfg.opt("agn_eval") != "gumbel"
+
     def global_private(self, client, download):
         """Before a client's evaluation: with ``--agn-eval gumbel``, seed the draws by (seed, client, round)."""
         if self.cfg.opt("agn_eval") == "gumbel":

@@ -54,6 +54,12 @@ class FixBN(FedAvg):
     def sends_back(self, entry):
         return not (entry.is_bn_stat and self.phase >= 1)
 
+    @property
+    def global_model_shared(self):
+        """One model for every client: from the second stage its private BN statistics are the frozen global ones,
+        which every client adopts and none changes (its BN layers train in evaluation mode)."""
+        return True
+
     def train_mode(self, model):
         model.train()
         if self.phase >= 1:

@@ -31,11 +31,10 @@ import numpy as np
 import torch
 
 from ..data import DatasetManifest, open_shard
-from ..plan.clients import SPLITS, ClientSpec
+from ..plan.batches import STREAM_BLOCK, Segments, split_segments, stream_blocks, streams
+from ..plan.clients import ClientSpec
 from ..plan.normalize import Normalizer, fixed, input_stats
 from .transforms import TrainTransforms
-
-Segments = list[tuple[str, np.ndarray]]  # (shard split, ascending rows) making up one of the client's splits
 
 
 class ResidentImages:
@@ -62,15 +61,9 @@ class StreamedImages:
     """A split's images read from its shard in blocks of ``block`` rows, one block ahead."""
 
     def __init__(self, root, manifest: DatasetManifest, domain: str, segments: Segments, device, block: int):
-        self.root, self.manifest, self.domain, self.device, self.block = root, manifest, domain, device, block
-        # (shard split, rows, first position of the block within this client split)
-        self.blocks = []
-        position = 0
-        for split, rows in segments:
-            for start in range(0, len(rows), block):
-                self.blocks.append((split, rows[start:start + block], position))
-                position += len(rows[start:start + block])
-        self.length = position
+        self.root, self.manifest, self.domain, self.device = root, manifest, domain, device
+        self.blocks = stream_blocks(segments, block)  # (shard split, rows, first position within this split)
+        self.length = sum(len(rows) for _, rows in segments)
 
     def __len__(self) -> int:
         return self.length
@@ -170,6 +163,11 @@ class ClientData:
         for pixels, index in self.images[split].in_order(batch_size):
             yield self._input(pixels, affine)[0], self.labels[split][index].long()
 
+    def eval_batch(self, split: str, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``start`` .. ``stop - 1`` of a resident split, as :meth:`eval_batches` gives a batch of them."""
+        pixels = self.images[split].pixels[start:stop]
+        return self._input(pixels, self.normalizer.eval())[0], self.labels[split][start:stop].long()
+
     def pixel_chunks(self, split: str) -> Iterator[torch.Tensor]:
         """The split's uint8 images in chunks, for statistics over a whole split."""
         for pixels, _ in self.images[split].in_order(256):
@@ -186,18 +184,9 @@ class ClientData:
             yield self.transforms(pixels.float(), rng) if rng is not None and self.transforms else pixels
 
 
-def _segments(client: ClientSpec) -> dict[str, Segments]:
-    """Which shard rows make up each of the client's splits (a held-out domain: all rows are test)."""
-    if client.trains:
-        return {split: [(split, client.rows[split])] for split in SPLITS}
-    empty = np.zeros(0, dtype=np.int64)
-    return {"train": [("train", empty)], "val": [("val", empty)],
-            "test": [(split, client.rows[split]) for split in SPLITS]}
-
-
 def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[ClientSpec],
                      device: torch.device, stream_above_gib: float = float("inf"),
-                     block: int = 2048, transforms: TrainTransforms | None = None,
+                     block: int = STREAM_BLOCK, transforms: TrainTransforms | None = None,
                      input_norm: str = "pooled") -> dict[int, ClientData]:
     """Each hosted client's labels, and its images resident or streamed (normalized as ``--input-norm``
     says, :func:`~mpifl.plan.normalize.input_stats`)."""
@@ -207,16 +196,23 @@ def load_client_data(root: str | Path, manifest: DatasetManifest, clients: list[
         with open_shard(root, manifest, domain) as shard:
             normalizer = fixed(*input_stats(input_norm, manifest, shard), device=device)
             for client in (c for c in clients if c.domain == domain):
-                segments = _segments(client)
+                segments = split_segments(client)
                 labels = {s: torch.from_numpy(np.concatenate([shard.labels(k)[r] for k, r in parts])).to(device)
                           for s, parts in segments.items()}
-                streamed = sum(len(r) for parts in segments.values() for _, r in parts) * image_bytes \
-                    > stream_above_gib * 2**30
+                streamed = streams(client, image_bytes, stream_above_gib)
                 images = {s: StreamedImages(root, manifest, domain, parts, device, block) if streamed else
                           ResidentImages(_read_all(shard, parts, device)) for s, parts in segments.items()}
                 own = ("train" if client.trains else "test", len(client.rows["train"]))
                 out[client.id] = ClientData(images, labels, normalizer, transforms, own)
     return out
+
+
+def read_rows(shard, parts: Segments, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images (uint8 NCHW) and labels of the shard rows ``parts`` names (at least one), on ``device``."""
+    loaded = [shard.load(split, indices=rows) for split, rows in parts]
+    pixels = np.concatenate([x for x, _ in loaded])
+    return (torch.from_numpy(np.ascontiguousarray(pixels.transpose(0, 3, 1, 2))).to(device),
+            torch.from_numpy(np.concatenate([y for _, y in loaded])).to(device))
 
 
 def _read_all(shard, parts: Segments, device) -> torch.Tensor:

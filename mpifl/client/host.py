@@ -1,7 +1,8 @@
 """A client rank: hosts a fixed set of logical clients for the whole run.
 
-Each round (docs/design.md, "One round"): receive the download, evaluate every hosted client if asked
-(scalars only), train the hosted clients of the round one after the other in id order, post each one's
+Each round (docs/design.md, "One round"): receive the download, evaluate if asked (scalars only: this rank's
+batches of the global model's evaluation, :mod:`mpifl.session.evaluation`, then the personal models of its
+training clients), train the hosted clients of the round one after the other in id order, post each one's
 summed upload to rank 0 as soon as it is trained (it leaves at once if rank 0 is receiving it, else at a
 later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0 folds them while this rank trains the next),
 and send the records and small uploads in one gather; the transport's time, bytes moving and waiting for
@@ -25,6 +26,7 @@ from ..plan.seeding import personalization_seeds
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint, FileRecord, load_adopted, load_clients, save_clients
+from ..session.evaluation import EvalBatch, bound
 from ..session.protocol import RoundProtocol
 from ..session.session import Session
 from ..transport.buffers import ReusedBuffer
@@ -33,9 +35,10 @@ from ..transport.exchange import exchange_all
 from ..transport.gpu_mpi import device_buffers
 from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, rank_report, record
 from .client_data import load_client_data
+from .eval_share import EvalShare
 from .precision import Precision
 from .private_store import PrivateStore
-from .training import client_round, evaluate, load_state, train_local
+from .training import batch_scores, client_round, evaluate, load_state, train_local
 from .transforms import TrainTransforms
 
 NOTHING_SAVED = FileRecord(0, "00" * 32)  # the report of a message that saves nothing
@@ -57,7 +60,9 @@ class ClientHost:
         self.algo = session.algo
         self.hosted = session.placement[comm.rank - 1]
         specs = [session.clients[c] for c in self.hosted]
-        self.data = load_client_data(session.cfg.data_root, session.manifest, specs, device,
+        # a held-out domain's images are read where its batches are scored (EvalShare), unless they cannot leave
+        kept = [spec for spec in specs if spec.trains or bound(spec, session.algo, session.cfg)]
+        self.data = load_client_data(session.cfg.data_root, session.manifest, kept, device,
                                      stream_above_gib=session.cfg.stream_above,
                                      transforms=TrainTransforms(parse_transforms(session.cfg.train_transforms)),
                                      input_norm=session.cfg.input_norm)
@@ -73,6 +78,7 @@ class ClientHost:
         self.clients = PrivateStore(self.algo, self.specs, session.initial, device, cfg.private_memory, comm.rank)
         if resumed:
             self.clients.restore(load_clients(run_dir, resumed, self.hosted), load_adopted(run_dir, resumed))
+        self.share: EvalShare | None = None  # this rank's batches of the global model's evaluation
         self.stopped = False  # the server's STOP message ended the run early
         self.data_seconds = 0.0  # of this round's training, producing batches
         on_gpu = device.type == "cuda"
@@ -94,12 +100,13 @@ class ClientHost:
 
     def _run(self) -> None:
         mine = self.session.trainers_by_rank[self.comm.rank - 1]
-        self.session.inputs.attach(list(self.specs.values()), self.data, self.device)
+        self.session.inputs.attach([self.specs[c] for c in self.data], self.data, self.device)
         setup = {c: ClientState(spec=self.specs[c], private={}) for c in mine}  # before any private state exists
         exchange_all(self.comm, self.session.exchanges, self.session.trainers_by_rank,
                      lambda exchange: [exchange.setup_contribution(setup[c], self.data[c]) for c in mine],
                      self.device)
         self.data.update(self.algo.training_data(setup, {c: self.data[c] for c in mine}))
+        self._share(self.session.evaluation().scored_by(self.comm.rank))  # its rows read before round 1
         protocol = RoundProtocol(self.session, start=self.resumed.round if self.resumed else 0)
         for r in protocol.rounds():
             messages = protocol.open(r)
@@ -117,8 +124,9 @@ class ClientHost:
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self.clients.adopt(download, r)
             work = protocol.plan(header, messages).of(self.comm.rank)
-            send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates)))
-            report, eval_segments, client_segments = messages.segments(send, len(work.trains), len(work.evaluates))
+            send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates), len(work.scores)))
+            report, scored, eval_segments, client_segments = messages.segments(
+                send, len(work.trains), len(work.evaluates), len(work.scores))
             size = messages.summed.nbytes
             # a method that folds after the gather holds its round's uploads until then
             early = not self.algo.reductions_need_results
@@ -127,8 +135,10 @@ class ClientHost:
             posted = [None] * slots  # each slot's upload, until rank 0 has it
 
             start = time.perf_counter()
-            if work.evaluates:
+            if work.evaluates or work.scores:
                 self.algo.begin_eval(self.model, header.evaluate)
+            if work.scores:
+                messages.scores(len(work.scores)).pack({"eval.scores": self._score(work.scores, download)}, out=scored)
             for cid, segment in zip(work.evaluates, eval_segments):
                 messages.eval.pack({"client.eval": self._evaluate(self.clients.peek(cid), download,
                                                                   header.evaluate)}, out=segment)
@@ -214,17 +224,41 @@ class ClientHost:
 
         return fit
 
+    def _score(self, batches: tuple[EvalBatch, ...], download: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(batches, [loss sum, score sum]) float64 of this rank's batches of the global model's evaluation; the
+        model of each client's run of them is the download with ``global_private`` of the client's state here, or,
+        for a client hosted elsewhere, of its initial state (the same model: :mod:`mpifl.session.evaluation`)."""
+        scores, current = [], None
+        for batch, x, y in self._share(batches):
+            if batch.client != current:
+                if current in self.specs:
+                    self.clients.fit_budget()
+                current = batch.client
+                client = (self.clients.peek(current) if current in self.specs else
+                          self.clients.fresh(self.session.clients[current]))
+                load_state(self.slots, self.algo, download, self.algo.global_private(client, download))
+                self.model.eval()
+            scores.append(torch.stack(batch_scores(self.model, x, y, self.precision, self.algo.task)))
+        if current in self.specs:
+            self.clients.fit_budget()
+        return torch.stack(scores).cpu()
+
+    def _share(self, batches: tuple[EvalBatch, ...]) -> EvalShare:
+        """This rank's share of the global model's evaluation: made at set-up, again if a stage moves batches."""
+        if self.share is None or self.share.batches != batches:
+            self.share = None  # its images go before the next share's come
+            self.share = EvalShare(self.session.cfg.data_root, self.session.manifest, self.session.clients,
+                                   batches, self.data, self.device, self.session.cfg.input_norm,
+                                   self.session.cfg.stream_above)
+        return self.share
+
     def _evaluate(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> torch.Tensor:
-        """(model kind, split, [loss sum, correct, count]) for one client; a personal model is first
+        """(personal model kind, split, [loss sum, score sum, count]) for one training client; the model is first
         personalized by the method (:meth:`Algorithm.personalize`; by default left as it is)."""
-        out = torch.zeros(len(self.algo.evaluates), len(EVAL_SPLITS), 3, dtype=torch.float64)
-        for k, kind in enumerate(self.algo.evaluates):
-            if kind == "personal" and not client.spec.trains:
-                continue  # a held-out domain has no personal model: its scores stay (0, 0, 0)
-            load_state(self.slots, self.algo, download,
-                       client.private if kind == "personal" else self.algo.global_private(client, download))
-            if kind == "personal":
-                self.algo.personalize(client, self.model, self._fitter(client, round_index))
+        out = torch.zeros(self.session.evaluation().personal_kinds, len(EVAL_SPLITS), 3, dtype=torch.float64)
+        for k in range(len(out)):
+            load_state(self.slots, self.algo, download, client.private)
+            self.algo.personalize(client, self.model, self._fitter(client, round_index))
             for s, split in enumerate(EVAL_SPLITS):
                 out[k, s] = torch.tensor(evaluate(self.model, self.data[client.id], split,
                                                   self.session.cfg.eval_batch_size, self.precision, self.algo.task),

@@ -96,7 +96,7 @@ class PrivateStore:
             client = self.resident[cid]
         else:
             client = ClientState(spec=self.specs[cid], private=self._read(cid) if cid in self.spilled else
-                                 self._initial(cid))
+                                 self._initial(self.specs[cid]))
             self.spilled.discard(cid)
             self.resident[cid] = client
         self._used.add(cid)
@@ -107,9 +107,17 @@ class PrivateStore:
         """``cid``'s state for reading (evaluation); a client never trained gets a throw-away initial one."""
         if cid in self.resident or cid in self.spilled:
             return self.get(cid)
-        client = ClientState(spec=self.specs[cid], private=self._initial(cid))
+        client = ClientState(spec=self.specs[cid], private=self._initial(self.specs[cid]))
         self._sync(cid, client.private)
         return client
+
+    def fresh(self, spec: ClientSpec) -> ClientState:
+        """A client hosted elsewhere as if it had never trained: its initial state with the adopted entries (the
+        global model of a method whose global model is every client's, :mod:`mpifl.session.evaluation`)."""
+        private = self._initial(spec)
+        for key, (_, value) in self.adopted.items():
+            private[key] = value.clone()
+        return ClientState(spec=spec, private=private)
 
     def fit_budget(self) -> None:
         """Move least recently used states to disk until those in memory fit the budget; the most recent one,
@@ -170,8 +178,8 @@ class PrivateStore:
             self._spill_dir = self._spill_lock = None
 
     # ------------------------------------------------------------ internals
-    def _initial(self, cid: int) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) for k, v in self.algo.init_client(self.specs[cid], self.initial).private.items()}
+    def _initial(self, spec: ClientSpec) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in self.algo.init_client(spec, self.initial).private.items()}
 
     def _sync(self, cid: int, private: dict[str, torch.Tensor]) -> int:
         """Write into ``private`` (client ``cid``'s state) the adopted entries sent since the client last saw

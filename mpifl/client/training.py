@@ -91,11 +91,19 @@ def evaluate(model: nn.Module, data: ClientData, split: str, batch_size: int,
     loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
     correct = torch.zeros((), dtype=torch.float64, device=loss_sum.device)
     for x, y in data.eval_batches(split, batch_size):
-        with precision.autocast():
-            logits = model(precision.inputs(x)).float()
-        loss_sum += task.loss_sum(logits, y).double()
-        correct += task.score_sum(logits, y)
+        loss, score = batch_scores(model, x, y, precision, task)
+        loss_sum += loss
+        correct += score
     return float(loss_sum), float(correct), data.size(split)
+
+
+@torch.no_grad()
+def batch_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision = FP32,
+                 task: Task = CLASSIFICATION) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (summed loss, summed score) of one batch under the model as it is (in evaluation mode)."""
+    with precision.autocast():
+        logits = model(precision.inputs(x)).float()
+    return task.loss_sum(logits, y).double(), task.score_sum(logits, y).double()
 
 
 def load_state(slots: dict[str, torch.Tensor], algo: Algorithm, download: dict[str, torch.Tensor],

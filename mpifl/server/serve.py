@@ -44,7 +44,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
     log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {fold_threads} "
                      f"thread{'s' if fold_threads > 1 else ''}")
-    log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}"
+    evaluated = session.evaluation().images  # mpifl.session.evaluation: the images each rank evaluates
+    log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}; evaluates {evaluated[h]:,} images"
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())

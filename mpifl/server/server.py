@@ -141,13 +141,17 @@ class Server:
         self.on_round(r, *self.log.last_mean_acc())
 
     def _decode(self, messages: Messages, plan: RoundPlan, segments):
-        """Each client rank's report, {client: eval scores}, and the round's uploads in client-id order."""
-        reports, evals, by_client = [], {}, {}
+        """Each client rank's report, {client: eval scores} (the evaluation plan's sums of the ranks' parts), and
+        the round's uploads in client-id order."""
+        reports, scores, personal, by_client = [], [], {}, {}
         for rank, work in enumerate(plan.work, start=1):
-            report, eval_segs, client_segs = messages.segments(segments[rank], len(work.trains), len(work.evaluates))
+            report, scored, eval_segs, client_segs = messages.segments(
+                segments[rank], len(work.trains), len(work.evaluates), len(work.scores))
             reports.append(messages.rank.unpack(report))
-            evals.update((c, messages.eval.unpack(s)["client.eval"]) for c, s in zip(work.evaluates, eval_segs))
+            scores.append(messages.scores(len(work.scores)).unpack(scored)["eval.scores"])
+            personal.update((c, messages.eval.unpack(s)["client.eval"]) for c, s in zip(work.evaluates, eval_segs))
             by_client.update((c, messages.client.unpack(s)) for c, s in zip(work.trains, client_segs))
+        evals = self.session.evaluation().add_up(scores, personal) if plan.header.evaluate != NO_EVAL else {}
         views = [by_client[c] for c in plan.sampled]
         uploads = Uploads(clients=np.array(plan.sampled, dtype=np.int64),
                           meta=records([v["client.meta"] for v in views], CLIENT_META),

@@ -21,15 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..transport.messages import FINAL, NO_EVAL, SAVE, STOP, TRAIN, Header, Messages
+from .evaluation import EvalBatch
 from .session import Session
 
 
 @dataclass(frozen=True)
 class RankWork:
-    """One client rank's part of a round: the clients it trains and evaluates, ascending ids."""
+    """One client rank's part of a round: the clients it trains and those whose personal models it evaluates,
+    ascending ids, and the batches of the global model's evaluation it scores (:mod:`mpifl.session.evaluation`)."""
 
     trains: tuple[int, ...]
     evaluates: tuple[int, ...]
+    scores: tuple[EvalBatch, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,10 @@ class RoundProtocol:
         sampled = tuple(int(c) for c in self.session.sampled(header.round)) if header.action == TRAIN else ()
         chosen = set(sampled)
         evaluating = header.evaluate != NO_EVAL
+        evaluation = self.session.evaluation()
         work = tuple(RankWork(trains=tuple(c for c in hosted if c in chosen),
-                              evaluates=tuple(hosted) if evaluating else ())
-                     for hosted in self.session.placement)
-        upload = (0,) + tuple(messages.upload_bytes(len(w.trains), len(w.evaluates)) for w in work)
+                              evaluates=evaluation.personal[h] if evaluating else (),
+                              scores=evaluation.scored_by(h + 1) if evaluating else ())
+                     for h, hosted in enumerate(self.session.placement))
+        upload = (0,) + tuple(messages.upload_bytes(len(w.trains), len(w.evaluates), len(w.scores)) for w in work)
         return RoundPlan(header=header, sampled=sampled, work=work, upload_bytes=upload)

@@ -28,6 +28,7 @@ from ..plan.seeding import sample_clients, seed_model_init
 from ..plan.task import task_of
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
+from .evaluation import EvalPlan, plan_evaluation
 
 
 @dataclass
@@ -41,13 +42,22 @@ class Session:
     inputs: InputNormalization  # --aug: how clients normalize their images
     pretrained: PretrainedLoad | None = None  # what --pretrained loaded into the initial model
     _messages: dict[int, Messages] = field(default_factory=dict)
+    _evaluations: dict[int, EvalPlan] = field(default_factory=dict)
 
     def messages(self) -> Messages:
         """Wire layouts of the algorithm's current phase (built once per phase)."""
         phase = self.algo.phase
         if phase not in self._messages:
-            self._messages[phase] = Messages(self.algo.policy(), self.algo.evaluates)
+            self._messages[phase] = Messages(self.algo.policy(), self.evaluation().personal_kinds)
         return self._messages[phase]
+
+    def evaluation(self) -> EvalPlan:
+        """Who evaluates what in the algorithm's current phase (built once per phase)."""
+        phase = self.algo.phase
+        if phase not in self._evaluations:
+            image_bytes = int(np.prod(self.manifest.image_size)) * self.manifest.channels
+            self._evaluations[phase] = plan_evaluation(self.clients, self.placement, self.algo, self.cfg, image_bytes)
+        return self._evaluations[phase]
 
     @property
     def exchanges(self) -> list[OneTimeExchange]:

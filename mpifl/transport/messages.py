@@ -9,9 +9,12 @@ Up, first one ``Gatherv``: each client rank sends, in this order,
      stop signal it received, if any (``rank.stop``, so that a signal reaching one rank stops the whole
      job), and, when the header asked it to save, the size and sha256 of the checkpoint file it wrote
      (``rank.saved_bytes``, ``rank.saved_sha256``),
-  2. if the header asked for evaluation, one ``client.eval`` block per hosted
-     client, ascending id: model kind x split (val, test) x (loss sum,
-     correct, count),
+  2. if the header asked for evaluation, the float64 (loss sum, score sum) of
+     each batch of the global model's evaluation it scored, in plan order
+     (:mod:`mpifl.session.evaluation`: rank 0 adds them up per client and
+     split), then one ``client.eval`` block per client whose personal models
+     it evaluates, ascending id: personal model kind x split (val, test) x
+     (loss sum, score sum, count),
   3. one block per client of the round it hosts, ascending id: the uploads
      the algorithm gathers (``SharePolicy.gathered``: small tensors its rule
      needs from every client) and ``client.meta`` (samples, steps, train
@@ -75,7 +78,7 @@ class Header:
 class Messages:
     """Layouts shared by the server and the client ranks."""
 
-    def __init__(self, policy: SharePolicy, evaluates: tuple[str, ...]):
+    def __init__(self, policy: SharePolicy, personal_kinds: int):
         self.down = WireLayout(_HEADER + policy.download)
         gathered = set(policy.gathered)
         if not gathered <= {s.name for s in policy.upload}:
@@ -83,7 +86,7 @@ class Messages:
         self.client = WireLayout([s for s in policy.upload if s.name in gathered] + [
             TensorSpec("client.meta", (len(CLIENT_META.names),), torch.float64)])
         self.summed = WireLayout([s for s in policy.upload if s.name not in gathered])
-        self.eval = WireLayout([TensorSpec("client.eval", (len(evaluates), len(EVAL_SPLITS), 3), torch.float64)])
+        self.eval = WireLayout([TensorSpec("client.eval", (personal_kinds, len(EVAL_SPLITS), 3), torch.float64)])
         self.rank = WireLayout([TensorSpec("rank.seconds", (len(RANK_SECONDS.names),), torch.float64),
                                 TensorSpec("rank.peak_rss", (), torch.int64),
                                 TensorSpec("rank.peak_gpu", (), torch.int64),
@@ -95,8 +98,16 @@ class Messages:
         self.policy_down_bytes = sum(s.nbytes for s in policy.download)
         self.policy_up_bytes = sum(s.nbytes for s in policy.upload)
 
-    def upload_bytes(self, num_trained: int, num_evaluated: int) -> int:
-        return self.rank.nbytes + num_evaluated * self.eval.nbytes + num_trained * self.client.nbytes
+    def upload_bytes(self, num_trained: int, num_evaluated: int, num_scored: int) -> int:
+        """A client rank's bytes in the gather: its report, the scores of ``num_scored`` batches, ``num_evaluated``
+        personal evaluation blocks and ``num_trained`` clients' gathered uploads."""
+        return (self.rank.nbytes + self.scores(num_scored).nbytes + num_evaluated * self.eval.nbytes
+                + num_trained * self.client.nbytes)
+
+    @staticmethod
+    def scores(num_scored: int) -> WireLayout:
+        """A client rank's scores of its batches of the global model's evaluation: (loss sum, score sum) each."""
+        return WireLayout([TensorSpec("eval.scores", (num_scored, 2), torch.float64)])
 
     def pack_client(self, upload: dict[str, torch.Tensor], gathered: Buffer, summed: Buffer) -> None:
         """One trained client's upload (its tensors and ``client.meta``): the gathered part into its block of
@@ -117,13 +128,15 @@ class Messages:
         header = Header(int(views["round.command"]), int(views["round.index"]), int(views["round.evaluate"]))
         return header, {name: torch.as_tensor(views[name]) for name in self.download_names}
 
-    def segments(self, buf: Buffer, num_trained: int, num_evaluated: int):
-        """Byte slices (report, [eval per hosted client], [upload per trained client]) of one rank's upload."""
+    def segments(self, buf: Buffer, num_trained: int, num_evaluated: int, num_scored: int):
+        """Byte slices (report, batch scores, [personal eval per client], [upload per trained client]) of one rank's
+        upload."""
         s, e, c = self.rank.nbytes, self.eval.nbytes, self.client.nbytes
-        base = s + num_evaluated * e
+        first = s + self.scores(num_scored).nbytes
+        base = first + num_evaluated * e
         if buf.nbytes != base + num_trained * c:
             raise ValueError(f"upload of {buf.nbytes} bytes, expected {base + num_trained * c}")
-        return (buf[:s], [buf[s + i * e:s + (i + 1) * e] for i in range(num_evaluated)],
+        return (buf[:s], buf[s:first], [buf[first + i * e:first + (i + 1) * e] for i in range(num_evaluated)],
                 [buf[base + i * c:base + (i + 1) * c] for i in range(num_trained)])
 
 

@@ -73,6 +73,29 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
         assert untimed(in_process) == untimed(read_metrics(tmp_path / "n2"))
 
 
+@pytest.mark.parametrize("algo,ranks", [("gperxan", (2, 3, 4)), ("fednn", (4,))])
+def test_a_held_out_domain_is_evaluated_by_every_client_rank_to_the_same_numbers(data_root, tmp_path, algo, ranks):
+    """The global model's batches, the held-out domain's 1,100 images among them, spread over 1, 2 and 3 client
+    ranks within a batch (gPerXAN's personal models stay on their hosts); FedNN's Gumbel draws keep each client's
+    evaluation whole on one rank.  Numbers as in one process."""
+    extra = ("--algo", algo, "--holdout", "street", "--rounds", "2", "--seed", "7", "--threads", "1",
+             "--samples-per-client", "64", "--eval-batch-size", "64")
+    job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
+    assert job.returncode == 0, job.stderr
+    in_process = _numbers(read_metrics(tmp_path / "in-process"))
+    assert in_process[-1]["eval"]["global"]["test"]["domains"]["street"]["n"] == 1100
+    for n in ranks:
+        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra))
+        assert job.returncode == 0, job.stderr
+        assert _numbers(read_metrics(tmp_path / f"n{n}")) == in_process
+        evaluated = [int(line.split("; evaluates ")[1].split(" images")[0].replace(",", ""))
+                     for line in (tmp_path / f"n{n}" / "log.txt").read_text().splitlines()
+                     if line.startswith("rank ") and "; evaluates " in line]
+        assert len(evaluated) == n - 1 and sum(evaluated) == 1100 + 4 * 300 * (1 + (algo == "gperxan"))
+        assert algo == "fednn" or max(evaluated) - min(evaluated) <= 64
+        assert all(seconds > 0 for seconds in read_metrics(tmp_path / f"n{n}")[-1]["rank_seconds"]["evaluation"])
+
+
 def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--eval-every", "2"))
     assert job.returncode == 0, job.stderr
@@ -172,14 +195,17 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
     gathered = int(manifest.stdout.split("gathered whole by rank 0")[1].split(" tensors, ")[1].split(" bytes")[0]
                    .replace(",", ""))
     header, meta, report = 3 * 8, 7 * 8, 5 * 8 + 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
-    eval_block = len(ALGORITHMS[algo].evaluates) * 2 * 3 * 8  # kinds x (val, test) x (loss, correct, n)
+    kinds = tuple(read_metrics(run)[0]["eval"])  # the models the run evaluates (gPerXAN: only personal ones)
+    # the global model's 20 batches (10 clients' val and test, under 512 images each): (loss, score); per client a
+    # block of personal kinds x (val, test) x (loss, score, n)
+    scores = 20 * 2 * 8 * ("global" in kinds) + 10 * (len(kinds) - ("global" in kinds)) * 2 * 3 * 8
     for record in read_metrics(run):
         k = len(record["clients"])
         assert record["bytes"]["down"] == per_client[0] * k and record["bytes"]["up"] == per_client[1] * k
         assert record["bytes"]["wire_down"] == padded(per_client[0] + header)  # to the one client host
         assert k == 5
-        evaluated = 10 if record["round"] > 1 else 0  # round r's message carries round r-1's evaluation
-        assert record["bytes"]["wire_up"] == (report + k * padded(gathered + meta) + evaluated * eval_block
+        evaluated = record["round"] > 1  # round r's message carries round r-1's evaluation
+        assert record["bytes"]["wire_up"] == (report + k * padded(gathered + meta) + evaluated * scores
                                               + k * padded(per_client[1] - gathered))  # the gather, then the rest
 
 

@@ -46,23 +46,31 @@ def test_a_resumed_run_evaluates_the_checkpointed_round_and_does_not_save_it_aga
     assert _headers(protocol) == [(TRAIN, False, 2), (TRAIN, False, 3), (FINAL, True, 4)]
 
 
-@pytest.mark.parametrize("hosts", [1, 2, 3])
-def test_every_rank_trains_its_sampled_clients_and_evaluates_all_it_hosts_when_asked(hosts):
-    protocol, session = _protocol(hosts=hosts, rounds=3, clients_per_domain=2, fraction=0.5)
+@pytest.mark.parametrize("algo,hosts", [("fedavg", 1), ("fedavg", 2), ("fedavg", 3), ("fedbn", 2)])
+def test_every_rank_trains_its_sampled_clients_and_evaluates_its_part_when_asked(algo, hosts):
+    """Its batches of the global model's evaluation (each batch on one rank), its clients' personal models."""
+    protocol, session = _protocol(hosts=hosts, rounds=3, clients_per_domain=2, fraction=0.5, algo=algo)
     messages = protocol.open(2)
     plan = protocol.plan(protocol.header(2, stop_requested=False), messages)
     assert plan.sampled == tuple(int(c) for c in session.sampled(2)) and len(plan.sampled) == 3
     assert sorted(c for w in plan.work for c in w.trains) == list(plan.sampled)
+    evaluation = session.evaluation()
     for rank, hosted in enumerate(session.placement, start=1):
         work = plan.of(rank)
-        assert work.trains == tuple(c for c in hosted if c in plan.sampled) and work.evaluates == tuple(hosted)
-        assert plan.upload_bytes[rank] == (messages.rank.nbytes + len(hosted) * messages.eval.nbytes
+        assert work.trains == tuple(c for c in hosted if c in plan.sampled)
+        assert work.evaluates == (tuple(hosted) if algo == "fedbn" else ())
+        assert work.scores == evaluation.scored_by(rank)
+        assert plan.upload_bytes[rank] == (messages.rank.nbytes + 16 * len(work.scores)
+                                           + len(work.evaluates) * messages.eval.nbytes
                                            + len(work.trains) * messages.client.nbytes)
+    scored = sorted((b.client, b.split, b.start) for w in plan.work for b in w.scores)
+    assert scored == sorted((b.client, b.split, b.start) for b in evaluation.batches)
+    assert (len(scored) == 12) == (algo == "fedavg")  # 6 clients x (val, test), one batch each
     assert plan.upload_bytes[0] == 0
     final = protocol.plan(protocol.header(4, stop_requested=False), messages)
-    assert final.sampled == () and all(w.trains == () and w.evaluates for w in final.work)
+    assert final.sampled == () and all(w.trains == () and (w.evaluates or w.scores) for w in final.work)
     stop = protocol.plan(protocol.header(2, stop_requested=True), messages)
-    assert all(w.trains == () == w.evaluates for w in stop.work)
+    assert all(w.trains == () == w.evaluates == w.scores for w in stop.work)
     assert stop.upload_bytes[1:] == (messages.rank.nbytes,) * hosts
 
 

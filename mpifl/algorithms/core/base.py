@@ -475,6 +475,21 @@ class Algorithm:
         """
         return client.private
 
+    @property
+    def global_model_shared(self) -> bool:
+        """Whether every client's global model is one model, so that any rank may score any client's share of
+        its evaluation (:mod:`mpifl.session.evaluation`): by default, when the private model entries are only BN
+        step counters, which a model in evaluation mode does not read.  A method whose :meth:`global_private`
+        replaces its clients' own entries, or whose own entries are the same on every client, says so."""
+        return all(key.endswith("num_batches_tracked") for key in self.private_keys)
+
+    @property
+    def global_eval_per_batch(self) -> bool:
+        """Whether the global model's score of a batch depends on that batch alone.  False for an evaluation that
+        draws random numbers in sequence (FedNN's Gumbel draws, seeded once per client): a client's evaluation
+        then runs whole, on one rank."""
+        return True
+
     def personalize(self, client: ClientState, model: nn.Module, fit) -> None:
         """Turn the loaded personal model (download + the client's private state) into the one evaluated, on
         the client's rank before each personal evaluation (fine-tuning, e.g. FedBABU).  ``fit(optimizer,

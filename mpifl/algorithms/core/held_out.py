@@ -61,6 +61,13 @@ class HeldOutAverage:
         state = model.state_dict()
         return {**super().end_local(client, model), **{self._up + e.key: state[e.key] for e in self._held_out}}
 
+    @property
+    def global_model_shared(self):
+        """One model for every client when each private entry but the step counters is averaged for it."""
+        averaged = {e.key for e in self._held_out}
+        return super().global_model_shared or all(key in averaged or key.endswith("num_batches_tracked")
+                                                  for key in self.private_keys)
+
     def global_private(self, client, download):
         """The client's unshared entries with the averaged ones in place of its own."""
         return {**super().global_private(client, download),

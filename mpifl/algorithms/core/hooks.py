@@ -96,6 +96,10 @@ HOOKS: tuple[Hook, ...] = (
          kind="helper"),
     Hook("begin_eval", "client", "per message with an evaluation, before the client rank evaluates"),
     Hook("global_private", "client", "per evaluated client, before its global model is evaluated"),
+    Hook("global_model_shared", "every rank", "once per stage, when the session spreads the global model's "
+         "evaluation over the ranks"),
+    Hook("global_eval_per_batch", "every rank", "once per stage, when the session spreads the global model's "
+         "evaluation over the ranks"),
     Hook("personalize", "client", "per evaluated training client, before its personal model is evaluated"),
     Hook("score_local", "client", "twice per client round: 'downloaded' before begin_local, 'trained' before "
          "end_local"),
