@@ -29,6 +29,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 SUM_BLOCK = 1 << 14  # elements per block: the float64 partial sum and one term stay in the L1/L2 cache
+#: Elements per block of a fold that several threads share: each numpy call then holds the GIL released long
+#: enough that a thread woken for it seldom finds another holding it (12 x 45 MB on the 2-core development VM:
+#: 2 threads take 0.97x one thread's time with blocks of SUM_BLOCK, 0.75x with these, docs/benchmarks.md); a
+#: thread's part of the sum, its term and the upload's block take 1.3 MB of its L2 cache.
+SHARED_BLOCK = 4 * SUM_BLOCK
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,11 @@ class FoldThreads:
 SERIAL = FoldThreads(1)
 
 
-def ranges(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int, int]]]:
-    """The elements of arrays of ``sizes``, laid end to end in blocks of ``SUM_BLOCK`` (an array's last block
-    shorter), cut into at most ``parts`` runs of consecutive blocks, as near equal in blocks as can be: each run
-    as its (array, start, stop) element ranges, every start at a block boundary of its array."""
-    blocks = [-(-n // SUM_BLOCK) for n in sizes]
+def ranges(sizes: Sequence[int], parts: int, block: int = SUM_BLOCK) -> list[list[tuple[int, int, int]]]:
+    """The elements of arrays of ``sizes``, laid end to end in blocks of ``block`` elements (an array's last
+    block shorter), cut into at most ``parts`` runs of consecutive blocks, as near equal in blocks as can be:
+    each run as its (array, start, stop) element ranges, every start at a block boundary of its array."""
+    blocks = [-(-n // block) for n in sizes]
     total = sum(blocks)
     parts = max(1, min(parts, total))
     cuts = [total * i // parts for i in range(parts + 1)]
@@ -101,7 +106,7 @@ def ranges(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int, int]]]
         for index, count in enumerate(blocks):
             start, stop = max(low, first), min(high, first + count)
             if start < stop:
-                run.append((index, (start - first) * SUM_BLOCK, min(sizes[index], (stop - first) * SUM_BLOCK)))
+                run.append((index, (start - first) * block, min(sizes[index], (stop - first) * block)))
             first += count
         runs.append(run)
     return runs
@@ -110,22 +115,25 @@ def ranges(sizes: Sequence[int], parts: int) -> list[list[tuple[int, int, int]]]
 def _fold(sums: Sequence[tuple[np.ndarray, list[tuple[float, np.ndarray]]]], threads: FoldThreads) -> None:
     """Add sum_k c_k x_k to each flat float64 ``acc`` of ``sums`` [(acc, [(c_k, flat x_k), ...])], over element
     ranges on ``threads``.  Block by block, every term of a block in order before the next block: each element's
-    sum is one chain of additions in the terms' order, whichever thread runs its range."""
+    sum is one chain of additions in the terms' order, whichever thread runs its range.  A term is x_k made
+    float64, then times c_k (what float64(x_k) * c_k gives, a little faster than one cast multiply)."""
+    size = SUM_BLOCK if threads.count == 1 else SHARED_BLOCK
 
     def fold(run: list[tuple[int, int, int]]) -> Callable[[], None]:
         def task() -> None:
-            scratch = np.empty(SUM_BLOCK, dtype=np.float64)
+            scratch = np.empty(size, dtype=np.float64)
             for index, start, stop in run:
                 acc, terms = sums[index]
-                for low in range(start, stop, SUM_BLOCK):
-                    high = min(low + SUM_BLOCK, stop)
+                for low in range(start, stop, size):
+                    high = min(low + size, stop)
                     block, term = acc[low:high], scratch[:high - low]
                     for c, x in terms:
-                        np.multiply(x[low:high], c, out=term, dtype=np.float64)
+                        np.copyto(term, x[low:high])
+                        term *= c
                         block += term
         return task
 
-    threads.run([fold(run) for run in ranges([acc.size for acc, _ in sums], threads.count)])
+    threads.run([fold(run) for run in ranges([acc.size for acc, _ in sums], threads.count, size)])
 
 
 def _terms(values: Sequence[np.ndarray], coefficients: np.ndarray) -> list[tuple[float, np.ndarray]]:

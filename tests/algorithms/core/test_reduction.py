@@ -3,7 +3,8 @@ import pytest
 
 from mpifl.algorithms import Folding, Reduction, weighted_mean
 from mpifl.algorithms.core import reduction
-from mpifl.algorithms.core.reduction import SUM_BLOCK, Behind, FoldThreads, mean_weights, ranges, weighted_sum
+from mpifl.algorithms.core.reduction import (SHARED_BLOCK, SUM_BLOCK, Behind, FoldThreads, mean_weights, ranges,
+                                             weighted_sum)
 
 
 def test_weighted_mean_in_float64_and_order_fixed():
@@ -68,7 +69,7 @@ def test_folding_on_threads_gives_the_sequential_bits_for_any_count(threads):
     """Odd sizes (no multiple of the block), zero coefficients and several windows: every thread count gives the
     plain sequential chain's bits, which the reversed order of the same uploads does not."""
     rng = np.random.default_rng(2)
-    shapes = {"a": (3 * SUM_BLOCK + 17,), "b": (5, 7), "c": (), "d": (SUM_BLOCK - 1,), "e": (2, SUM_BLOCK + 3)}
+    shapes = {"a": (3 * SHARED_BLOCK + 17,), "b": (5, 7), "c": (), "d": (SUM_BLOCK - 1,), "e": (2, SHARED_BLOCK + 3)}
     k = 6
     uploads = {name: _order_sensitive(rng, shape, k) for name, shape in shapes.items()}
     coefficients = {name: rng.uniform(-2, 2, k) for name in shapes}
@@ -87,19 +88,23 @@ def test_folding_on_threads_gives_the_sequential_bits_for_any_count(threads):
     assert not np.array_equal(folding.sums["a"], _sequential(uploads["a"][::-1], coefficients["a"][::-1]))
 
 
-@pytest.mark.parametrize("sizes, parts", [([3 * SUM_BLOCK + 17], 2), ([35, 1, SUM_BLOCK - 1, 2 * SUM_BLOCK + 3], 3),
-                                          ([0, 5 * SUM_BLOCK, 1], 7), ([10], 4), ([0], 3)])
-def test_ranges_cover_every_element_once_in_block_aligned_runs(sizes, parts):
-    runs = ranges(sizes, parts)
-    blocks = sum(-(-n // SUM_BLOCK) for n in sizes)
+SPLITS = [([3 * SHARED_BLOCK + 17], 2), ([35, 1, SUM_BLOCK - 1, 2 * SHARED_BLOCK + 3], 3),
+          ([0, 5 * SHARED_BLOCK, 1], 7), ([10], 4), ([0], 3)]
+
+
+@pytest.mark.parametrize("block", [SUM_BLOCK, SHARED_BLOCK])
+@pytest.mark.parametrize("sizes, parts", SPLITS)
+def test_ranges_cover_every_element_once_in_block_aligned_runs(sizes, parts, block):
+    runs = ranges(sizes, parts, block)
+    blocks = sum(-(-n // block) for n in sizes)
     assert len(runs) == max(1, min(parts, blocks))
     covered = [np.zeros(n, np.int64) for n in sizes]
     for run in runs:
         for index, start, stop in run:
-            assert start % SUM_BLOCK == 0 and start < stop <= sizes[index]
+            assert start % block == 0 and start < stop <= sizes[index]
             covered[index][start:stop] += 1
     assert all((c == 1).all() for c in covered)
-    counts = [sum(-(-(stop - start) // SUM_BLOCK) for _, start, stop in run) for run in runs]
+    counts = [sum(-(-(stop - start) // block) for _, start, stop in run) for run in runs]
     assert max(counts) - min(counts) <= 1  # as near equal in blocks as can be
 
 
@@ -107,13 +112,13 @@ def test_a_fold_whose_ranges_overlap_or_run_out_of_order_is_caught(monkeypatch):
     """The sequential reference tells a wrong split apart: ranges that overlap add an element twice, and
     clients added in another order round otherwise."""
     rng = np.random.default_rng(3)
-    values, coefficients = _order_sensitive(rng, (4 * SUM_BLOCK + 9,), 5), rng.uniform(0.1, 2, 5)
+    values, coefficients = _order_sensitive(rng, (4 * SHARED_BLOCK + 9,), 5), rng.uniform(0.1, 2, 5)
     reference = _sequential(values, coefficients)
     split = reduction.ranges
 
-    def overlapping(sizes, parts):
-        runs = split(sizes, parts)
-        return runs[:1] + [[(i, max(0, start - SUM_BLOCK), stop) for i, start, stop in run] for run in runs[1:]]
+    def overlapping(sizes, parts, block):
+        runs = split(sizes, parts, block)
+        return runs[:1] + [[(i, max(0, start - block), stop) for i, start, stop in run] for run in runs[1:]]
 
     monkeypatch.setattr(reduction, "ranges", overlapping)
     with FoldThreads(3) as pool:
@@ -130,7 +135,7 @@ def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(th
     """Uploads handed over one by one, faster or slower than the fold, are folded in client-id order; ``wait(k)``
     returns once the first k are in the sums."""
     rng = np.random.default_rng(4)
-    values, coefficients = _order_sensitive(rng, (2 * SUM_BLOCK + 5,), 9), rng.uniform(-1, 1, 9)
+    values, coefficients = _order_sensitive(rng, (2 * SHARED_BLOCK + 5,), 9), rng.uniform(-1, 1, 9)
     with FoldThreads(threads) as pool:
         folding = Folding({"s": Reduction("x", coefficients)}, pool)
         behind = Behind(folding)
