@@ -46,12 +46,20 @@ splits.
 runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the smallest (the clients of a
 round do not pass through rank 0's memory at once: aggregation is a reduction).
 
+``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
+ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` thread counts
+(:class:`~mpifl.algorithms.core.reduction.FoldThreads`), all at once and one client at a time (as the server folds
+each behind the next one's arrival), and checks that every count gives the same bits.  A repeat during which other
+processes took CPU (``/proc/stat``) is redone, so on a shared machine the medians are of undisturbed repeats.
+``--fold-threads N`` passes the count to the runs of ``--case cross-silo``.
+
 Prints a table and writes JSON.  This is a benchmark, not a test: it
 asserts nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -70,7 +78,7 @@ import torch
 import torch.nn.functional as F
 
 from .algorithms import get_algorithm
-from .algorithms.core.reduction import weighted_sum
+from .algorithms.core.reduction import FoldThreads, Folding, Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
@@ -216,10 +224,88 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
     return rows
 
 
+def _cpu_of_others() -> float:
+    """CPU seconds that every process but this one has used since boot (0 where ``/proc/stat`` is missing)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(v) for v in stat.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    own = os.times()
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") - own.user - own.system
+
+
+def undisturbed_seconds(run, tries: int = 10) -> tuple[float | None, int]:
+    """Seconds of one call of ``run()`` during which other processes took under 5 % of a core (plus a clock
+    tick), redone when disturbed, at most ``tries`` calls; returns the seconds (None: every call disturbed) and
+    the calls dropped."""
+    for dropped in range(tries):
+        others, started = _cpu_of_others(), time.perf_counter()
+        run()
+        seconds = time.perf_counter() - started
+        if _cpu_of_others() - others <= 0.05 * seconds + 0.02:
+            return seconds, dropped
+    return None, tries
+
+
+def fold_seconds(clients: int, megabytes: float, thread_counts: list[int], repeats: int) -> dict:
+    """Rank 0's fold of ``clients`` float32 uploads of ``megabytes`` MB into their float64 weighted mean on each
+    of ``thread_counts``: all at once (one window: uploads that waited for rank 0) and one client at a time (as
+    each is folded behind the next one's arrival), every count and way in turn in each repeat, so that a slow
+    phase of a shared machine hits them alike.  Median seconds over undisturbed repeats, their ratio to the
+    first count's, and whether every count gave the first count's bits."""
+    rng = np.random.default_rng(0)
+    uploads = [{"w": rng.standard_normal(int(megabytes * 1e6) // 4, dtype=np.float32)} for _ in range(clients)]
+    reductions = {"w": Reduction("w", mean_weights(rng.uniform(1, 100, clients)))}
+    ways = {"all_at_once": clients, "one_client_at_a_time": 1}
+    rows = [{"threads": count, **{name: {"repeats": [], "dropped": 0} for name in ways}} for count in thread_counts]
+
+    def fold(threads: FoldThreads, window: int) -> np.ndarray:
+        folding = Folding(reductions, threads)
+        for start in range(0, clients, window):
+            folding.add(uploads[start:start + window])
+        return folding.sums["w"]
+
+    with contextlib.ExitStack() as stack:
+        pools = [stack.enter_context(FoldThreads(count)) for count in thread_counts]
+        for _ in range(repeats):
+            for row, threads in zip(rows, pools):
+                for name, window in ways.items():
+                    seconds, dropped = undisturbed_seconds(lambda: fold(threads, window))
+                    row[name]["dropped"] += dropped
+                    row[name]["repeats"] += [] if seconds is None else [seconds]
+        sums = [fold(threads, clients) for threads in pools]
+    for row, bits in zip(rows, sums):
+        row["same_bits"] = bool(np.array_equal(bits, sums[0]))
+        for name in ways:
+            row[name]["seconds"] = statistics.median(row[name]["repeats"]) if row[name]["repeats"] else None
+            one, this = rows[0][name]["seconds"], row[name]["seconds"]
+            row[name]["ratio_to_first"] = this / one if one and this else None
+    return {"clients": clients, "megabytes": megabytes, "rows": rows}
+
+
+def report_fold(result: dict, json_out: str) -> None:
+    """The fold table on stdout and in ``json_out``."""
+    Path(json_out).write_text(json.dumps({
+        "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0))}, **result}, indent=2)
+        + "\n")
+    click.echo(f"fold of {result['clients']} x {result['megabytes']:g} MB float32 uploads into float64 sums "
+               f"({len(os.sched_getaffinity(0))} cores); median seconds of undisturbed repeats")
+    for row in result["rows"]:
+        click.echo(f"  {row['threads']:3d} thread(s): " + "   ".join(
+            f"{name.replace('_', ' ')} {row[name]['seconds']:.3f} s (x{row[name]['ratio_to_first']:.2f}; "
+            f"{len(row[name]['repeats'])} kept, {row[name]['dropped']} disturbed)"
+            if row[name]["seconds"] else f"{name.replace('_', ' ')}: every repeat disturbed"
+            for name in ("all_at_once", "one_client_at_a_time"))
+            + ("" if row["same_bits"] else "   DIFFERENT BITS"))
+    click.echo(f"results written to {json_out}")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--case", type=click.Choice(["cross-silo", "many-clients"]), default="cross-silo", show_default=True,
-              help="cross-silo: the simulator's time against a bare loop; many-clients: time and memory with "
-                   "many clients (see the module's docstring)")
+@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold"]), default="cross-silo",
+              show_default=True, help="cross-silo: the simulator's time against a bare loop; many-clients: time and "
+                                      "memory with many clients; fold: rank 0's fold alone (see the module's "
+                                      "docstring)")
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
@@ -252,14 +338,24 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
 @click.option("--mpirun", default=None,
               help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
+@click.option("--fold-threads", default=None,
+              help="fold: comma list of thread counts to fold on (default 1,2,0; 0 = every core this process may run "
+                   "on); cross-silo: mpifl.run's --fold-threads, rank 0's (default 0: automatic)")
+@click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
+@click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
 def main(case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
-         json_out):
+         fold_threads, fold_clients, fold_mb, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
     memory with many clients (--case many-clients)."""
     if rounds < 2 or repeats < 1:
         raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
+    if case == "fold":
+        cores = len(os.sched_getaffinity(0))
+        counts = list(dict.fromkeys(int(n) or cores for n in (fold_threads or "1,2,0").split(",")))
+        report_fold(fold_seconds(fold_clients, fold_mb, counts, repeats), json_out)
+        return
     ranks = sorted({1, *(int(k) for k in client_ranks.split(","))})
     data_root = str(data_root or default_data_root())
     if case == "many-clients":
@@ -272,6 +368,9 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                                 run_options, private_memory, Path(tmp))
         report_many_clients(rows, ranks[-1], run_options, json_out)
         return
+    if not (fold_threads or "0").isdigit():
+        raise click.BadParameter("cross-silo takes one --fold-threads count")
+    run_options = ("--algo", algo, "--fold-threads", fold_threads or "0")
     cores = len(os.sched_getaffinity(0))
     on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
@@ -290,11 +389,11 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                                                                   eval_every))[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
-                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, ("--algo", algo),
+                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, run_options,
                                             mpirun)[1:]
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
                                            samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
-                                           ("--algo", algo))[1:]
+                                           run_options)[1:]
     images = sum(sizes) * local_epochs
     bare_s = statistics.median(bare)
     sim_s = {k: statistics.median(r["seconds"]["round"] for r in v) for k, v in sims.items()}
@@ -312,7 +411,8 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                     "torch": torch.__version__},
         "workload": {"data": data, "model": model_name, "clients": len(sizes), "train_samples": sum(sizes),
                      "rounds": rounds, "repeats": repeats, "local_epochs": local_epochs, "batch_size": batch_size,
-                     "threads_per_process": threads or "auto", "device": str(bare_device), "algo": algo,
+                     "threads_per_process": threads or "auto", "fold_threads": int(fold_threads or 0) or "auto",
+                     "device": str(bare_device), "algo": algo,
                      "eval_every": eval_every},
         "seconds_per_round": {"bare": bare_s, **{f"mpifl_{k}_ranks": v for k, v in sim_s.items()},
                               "mpifl_in_process": one_process},

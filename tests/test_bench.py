@@ -4,13 +4,21 @@ import sys
 
 import pytest
 
-from mpifl.bench import speedup_bound
+from mpifl.bench import fold_seconds, speedup_bound
 
 
 @pytest.mark.parametrize("sizes, ranks, bound", [
     ([800] * 5, 2, 5 / 3), ([400] * 10, 2, 2.0), ([900, 100, 100], 2, 1100 / 900), ([400] * 10, 4, 10 / 3)])
 def test_the_speedup_bound_is_the_largest_rank_load_with_one_rank_over_that_with_k(sizes, ranks, bound):
     assert speedup_bound(sizes, ranks) == pytest.approx(bound)
+
+
+def test_fold_case_times_each_thread_count_and_finds_the_same_bits():
+    result = fold_seconds(clients=3, megabytes=0.5, thread_counts=[1, 2, 3], repeats=1)
+    assert [row["threads"] for row in result["rows"]] == [1, 2, 3] and all(row["same_bits"] for row in result["rows"])
+    for row in result["rows"]:  # a repeat disturbed by other processes is redone, at most ten calls in all
+        for name in ("all_at_once", "one_client_at_a_time"):
+            assert len(row[name]["repeats"]) + row[name]["dropped"] <= 10
 
 
 @pytest.mark.slow
