@@ -285,9 +285,9 @@ def test_a_run_directory_that_the_nodes_do_not_share_is_refused_and_left_as_it_w
     assert job.returncode == 2
     pid = re.search(r"rank 2 \(pid (\d+) on node2\)", job.stderr)
     assert job.lines("mpifl: ") == [f"mpifl: error: --out {run} is not on a file system that every node shares: rank "
-                                    f"2 (pid {pid.group(1)} on node2) cannot see the config.json rank 0 wrote there (on "
-                                    "node1), and the client ranks write their part of each checkpoint into it; pass "
-                                    "an --out on a shared file system"], job.stderr
+                                    f"2 (pid {pid.group(1)} on node2) cannot see the config.json rank 0 wrote there "
+                                    "(on node1), and the client ranks write their part of each checkpoint into it; "
+                                    "pass an --out on a shared file system"], job.stderr
     assert run_on("node1", f"ls {run} 2>/dev/null; echo end") == "end\n"
 
 

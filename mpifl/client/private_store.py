@@ -9,8 +9,8 @@ memory exceed the budget, the least recently used ones go to one file each in a 
 ``$TMPDIR`` (node-local disk on most clusters; removed when the rank's run ends; a rank killed outright leaves
 it, and the next run on the node that spills removes it: a folder is held, :mod:`mpifl.dirlock`, while its rank
 lives; the folder's name holds its node's, and a rank removes only its own node's, since a ``$TMPDIR`` that
-several nodes share may keep each node's locks to itself) and are read back when next used: ``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not
-depend on the budget.
+several nodes share may keep each node's locks to itself) and are read back when next used:
+``torch.save``/``torch.load`` round-trip tensors bit for bit, so results do not depend on the budget.
 
 **Adopted entries** (sent down but not back, :attr:`Algorithm.adopted_keys`) are, by definition, every hosted
 client's copy of the latest download's value.  Instead of writing them into every client each round, the store
