@@ -21,9 +21,10 @@ from .server import Server
 
 
 def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: Checkpoint | None,
-          stop: StopRequest, processes: list[tuple[str, int]], fold_threads: int) -> str | None:
+          stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool]) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
-    (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads."""
+    (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads, and
+    whether they fold behind rank 0's receives (:func:`~mpifl.transport.topology.fold_threads`)."""
     threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
@@ -42,8 +43,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {fold_threads} "
-                     f"thread{'s' if fold_threads > 1 else ''}")
+    count, behind = fold_threads
+    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {count} thread{'s' * (count > 1)} "
+                     + ("behind its receives" if behind else "between its receives (no core spare)"))
     evaluated = session.evaluation().images  # mpifl.session.evaluation: the images each rank evaluates
     log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}; evaluates {evaluated[h]:,} images"
                   for h, ids in enumerate(session.placement)]
@@ -67,7 +69,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                                              f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
             log_file.flush()
 
-        with FoldThreads(fold_threads) as folds:
+        with FoldThreads(count, behind) as folds:
             server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
             server.run()
         if server.stopped_by:

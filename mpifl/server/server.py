@@ -45,7 +45,9 @@ from .run_log import local_val_acc
 # each client rank's seconds of a round in metrics.jsonl (rank_seconds), by the fields of its report
 RANK_FIELDS = (("compute", "train"), ("evaluation", "evaluate"), ("data", "data"), ("communication", "communication"),
                ("waiting", "waiting"))
-FOLD_WINDOW_BYTES = 256 << 20  # rank 0 holds this many bytes of clients' uploads not yet folded (at least two clients')
+# rank 0 receives this many bytes of clients' uploads (at least one client's) at once, into one of two buffers
+# while the other's are folded
+FOLD_WINDOW_BYTES = 256 << 20
 
 
 class Server:
@@ -167,28 +169,31 @@ class Server:
         return Uploads(clients=np.array(plan.sampled, dtype=np.int64), meta=meta, tensors={})
 
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
-        """Receive every trained client's summed uploads, one client at a time in client-id order, and add them
-        into the sums of ``reductions`` behind the receives (:class:`~mpifl.algorithms.core.reduction.Behind`):
-        the fold threads add client k while client k+1 arrives, so once the last has arrived only its fold is left.
-        The uploads wait in ``FOLD_WINDOW_BYTES`` of buffers (at least two clients') until folded.
+        """Receive every trained client's summed uploads in client-id order, ``FOLD_WINDOW_BYTES`` at a time (at
+        least one client), and add them into the sums of ``reductions`` behind the receives
+        (:class:`~mpifl.algorithms.core.reduction.Behind`): the fold threads add a window's clients while the next
+        window arrives into the other buffer, so once the last upload has arrived only the last window's fold is
+        left.
 
         Time: the receives count in ``receiving_seconds`` (communication or waiting), whatever is folded meanwhile;
-        what the round spends on the fold alone, waiting for a buffer to be folded before the next receive and for
-        the last folds after the last receive, is left to aggregation."""
+        what the round spends on the fold alone, waiting for a buffer to be folded before the next receive into
+        it and for the last folds after the last receive, is left to aggregation."""
         folding = Folding(reductions, self.folds)
         size = messages.summed.nbytes
         if size:
             owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
-            buffers = min(len(plan.sampled), max(2, FOLD_WINDOW_BYTES // size))
+            window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
+            buffers = min(len(plan.sampled), 2 * window if self.folds.behind else window)
             buf = self.fold_buffer.get(buffers * size)
             behind = Behind(folding)
-            for k, client in enumerate(plan.sampled):
-                behind.wait(k + 1 - buffers)  # the upload this buffer held is folded
-                part = buf[k % buffers * size:(k % buffers + 1) * size]
+            for start in range(0, len(plan.sampled), window):
+                clients = plan.sampled[start:start + window]
+                behind.wait(start + len(clients) - buffers)  # the uploads these buffers held are folded
+                parts = [buf[k % buffers * size:(k % buffers + 1) * size] for k in range(start, start + len(clients))]
                 started = time.perf_counter()
-                self.comm.receive([part], [owner[client]], "the clients' uploads")
+                self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads")
                 self.receiving_seconds += time.perf_counter() - started
-                behind.hand(messages.summed.unpack(part))
+                behind.hand([messages.summed.unpack(part) for part in parts])
             behind.wait(len(plan.sampled))
         return folding.sums
 

@@ -32,13 +32,17 @@ def affinity() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
-def fold_threads(layout: NodeLayout, requested: int, cores: Sequence[frozenset[int]], threads: Sequence[int]) -> int:
-    """Rank 0's threads for folding the uploads (``--fold-threads``; 0 = automatic): the cores it may run on
-    less those the client ranks of its node train on, at least 1.  ``cores`` and ``threads``: each rank's cores
-    (:func:`affinity`) and torch threads (as ``threads_for`` set them), indexed by world rank; a client rank takes its
-    threads, or the cores it shares with rank 0 where fewer (a rank bound to cores of its own takes none)."""
+def fold_threads(layout: NodeLayout, requested: int, cores: Sequence[frozenset[int]],
+                 threads: Sequence[int]) -> tuple[int, bool]:
+    """Rank 0's threads for folding the uploads, and whether they fold behind its receives (``--fold-threads``;
+    0 = automatic).  Given, they fold behind.  Automatic: the spare cores, those rank 0 may run on less the ones
+    its node's client ranks train on, at least 1; behind only where one is spare (else a fold behind the
+    receives takes the core of a rank that trains or sends, and rank 0 folds between them, as before).
+    ``cores`` and ``threads``: each rank's cores (:func:`affinity`) and torch threads, indexed by world rank; a
+    client rank takes its threads, or the cores it shares with rank 0 where fewer (one bound to cores of its own
+    takes none)."""
     if requested > 0:
-        return requested
+        return requested, True
     mine = cores[layout.rank]
-    taken = sum(min(threads[rank], len(cores[rank] & mine)) for rank in layout.client_ranks)
-    return max(1, len(mine) - taken)
+    spare = len(mine) - sum(min(threads[rank], len(cores[rank] & mine)) for rank in layout.client_ranks)
+    return max(1, spare), spare > 0

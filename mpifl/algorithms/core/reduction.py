@@ -52,14 +52,15 @@ def mean_weights(weights: np.ndarray) -> np.ndarray:
 
 class FoldThreads:
     """``count`` threads that share every fold by element ranges: the thread that folds takes the first range,
-    ``count - 1`` persistent pool threads the others; and one more thread that folds in the background
-    (:class:`Behind`).  Made once (by the server) and reused every round; numpy releases the GIL in its
-    ufuncs, so the ranges run at once."""
+    ``count - 1`` persistent pool threads the others.  With ``behind``, :class:`Behind` folds on one more thread
+    of its own while its caller receives (rank 0 has a core that no client rank trains on); without, in the
+    caller's thread as uploads are handed over.  Made once (by the server) and reused every round; numpy
+    releases the GIL in its ufuncs, so the ranges run at once."""
 
-    def __init__(self, count: int = 1):
+    def __init__(self, count: int = 1, behind: bool = True):
         if count < 1:
             raise ValueError(f"{count} fold threads")
-        self.count = count
+        self.count, self.behind = count, behind
         self._pool = ThreadPoolExecutor(count - 1, thread_name_prefix="mpifl-fold") if count > 1 else None
         self._background: ThreadPoolExecutor | None = None
 
@@ -166,10 +167,10 @@ class Folding:
 
 
 class Behind:
-    """Folds the uploads handed to it, one client at a time in client-id order, on the background thread of
-    ``folding.threads`` while the caller receives the next ones.  Each pass folds every upload handed over
-    since the last pass as one window (one window per client while the fold keeps up, larger ones, read
-    once per window, when uploads come faster), so the sums are the chain of additions in client-id order."""
+    """Folds the windows of uploads handed to it in client-id order, on the background thread of
+    ``folding.threads`` while the caller receives the next ones (in the caller's thread where the threads are
+    not ``behind``).  Each pass folds every upload handed over since the last pass as one window (each block of
+    the sums is read once per window), so the sums are the chain of additions in client-id order."""
 
     def __init__(self, folding: Folding):
         self.folding = folding
@@ -178,10 +179,13 @@ class Behind:
         self._failed: BaseException | None = None
         self._changed = threading.Condition()
 
-    def hand(self, uploads: Mapping[str, np.ndarray]) -> None:
-        """The next client's uploads; they must stay as they are until :meth:`wait` says they are folded."""
+    def hand(self, window: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """The next clients' uploads; they must stay as they are until :meth:`wait` says they are folded."""
+        if not self.folding.threads.behind:
+            self.folding.add(window)
+            return
         with self._changed:
-            self._handed.append(uploads)
+            self._handed += window
             if not self._running:
                 self._running = True
                 self.folding.threads.background(self._drain)

@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 
@@ -130,29 +132,36 @@ def test_a_fold_whose_ranges_overlap_or_run_out_of_order_is_caught(monkeypatch):
         np.testing.assert_array_equal(weighted_sum(values, coefficients, threads=pool), reference)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(threads):
-    """Uploads handed over one by one, faster or slower than the fold, are folded in client-id order; ``wait(k)``
-    returns once the first k are in the sums."""
+@pytest.mark.parametrize("threads, behind", [(1, True), (2, True), (2, False)])
+def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(threads, behind):
+    """Windows handed over one after another, faster or slower than the fold, are folded in client-id order on
+    a thread of their own (behind) or at once in the caller's; ``wait(k)`` returns once the first k are in."""
     rng = np.random.default_rng(4)
     values, coefficients = _order_sensitive(rng, (2 * SHARED_BLOCK + 5,), 9), rng.uniform(-1, 1, 9)
-    with FoldThreads(threads) as pool:
-        folding = Folding({"s": Reduction("x", coefficients)}, pool)
-        behind = Behind(folding)
-        for k, x in enumerate(values):
-            behind.hand({"x": x})
-            if k == 3:
-                behind.wait(4)
-                assert folding.folded == 4
-                np.testing.assert_array_equal(folding.sums["s"], _sequential(values[:4], coefficients[:4]))
-        behind.wait(len(values))
-    assert folding.folded == len(values)
+    folded_on = set()
+
+    class Recorded(Folding):
+        def add(self, window):
+            folded_on.add(threading.get_ident())
+            super().add(window)
+
+    with FoldThreads(threads, behind) as pool:
+        folding = Recorded({"s": Reduction("x", coefficients)}, pool)
+        handed = Behind(folding)
+        for start, stop in ((0, 1), (1, 4), (4, 6), (6, 7), (7, 9)):
+            handed.hand([{"x": x} for x in values[start:stop]])
+            assert behind or folding.folded == stop
+            if stop == 4:
+                handed.wait(4)
+                assert folding.folded >= 4
+        handed.wait(len(values))
+    assert folding.folded == len(values) and (threading.get_ident() in folded_on) != behind
     np.testing.assert_array_equal(folding.sums["s"], _sequential(values, coefficients))
 
 
 def test_a_failed_fold_behind_is_raised_where_it_is_waited_for():
     with FoldThreads(2) as pool:
         behind = Behind(Folding({"s": Reduction("x", [1.0, 1.0])}, pool))
-        behind.hand({"x": np.zeros(3, np.int64)})
+        behind.hand([{"x": np.zeros(3, np.int64)}])
         with pytest.raises(TypeError, match="floating-point"):
             behind.wait(1)
