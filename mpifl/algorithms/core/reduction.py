@@ -31,7 +31,7 @@ import numpy as np
 SUM_BLOCK = 1 << 14  # elements per block: the float64 partial sum and one term stay in the L1/L2 cache
 #: Elements per block of a fold that several threads share: each numpy call then holds the GIL released long
 #: enough that a thread woken for it seldom finds another holding it (12 x 45 MB on the 2-core development VM:
-#: 2 threads take 0.97x one thread's time with blocks of SUM_BLOCK, 0.75x with these, docs/benchmarks.md); a
+#: 2 threads take 0.97x one thread's time with blocks of SUM_BLOCK, 0.73x with these, docs/benchmarks.md); a
 #: thread's part of the sum, its term and the upload's block take 1.3 MB of its L2 cache.
 SHARED_BLOCK = 4 * SUM_BLOCK
 
