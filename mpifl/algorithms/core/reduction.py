@@ -122,7 +122,7 @@ def _fold(sums: Sequence[tuple[np.ndarray, list[tuple[float, np.ndarray]]]], thr
 
     def fold(run: list[tuple[int, int, int]]) -> Callable[[], None]:
         def task() -> None:
-            scratch = np.empty(size, dtype=np.float64)
+            scratch = np.empty(min(size, max((stop - start for _, start, stop in run), default=0)), dtype=np.float64)
             for index, start, stop in run:
                 acc, terms = sums[index]
                 for low in range(start, stop, size):
