@@ -242,12 +242,13 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
     threads = torch.get_num_threads()
     uploads = ", uploads sent at once (single copy)" if comm.sends_at_once else ""
-    processes = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads{uploads}"
-                                    + (f", {host.placement_note()}" if host else ""), threads))
-    placed = comm.gather_object((affinity(), threads))  # rank 0 folds on the cores its node's client ranks leave
+    # and the cores each uses: rank 0 folds on those its node's client ranks leave
+    ranks = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads{uploads}"
+                                + (f", {host.placement_note()}" if host else ""), threads, affinity()))
     try:
         if comm.rank == 0:
-            folds = fold_threads(layout, cfg.fold_threads, *zip(*placed))
+            processes = [(line, count) for line, count, _ in ranks]
+            folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks], [c for _, c, _ in ranks])
             stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes, folds)
         else:
             host.run()
