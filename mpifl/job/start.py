@@ -64,6 +64,8 @@ def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool,
     stop = StopRequest()  # a stop signal seen by this process (acted upon by rank 0 between rounds)
     stop.install()  # first thing: a stop signal during start-up must not kill a rank
     rank, size = launched_world()
+    if size == 1:  # this thread will be rank 0: it must never form an OpenMP team (mpifl.transport.inprocess)
+        torch.set_num_threads(1)
     comm = None
     if size > 1:
         from ..transport.mpi import MpiComm

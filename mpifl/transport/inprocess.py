@@ -13,6 +13,13 @@ Threads share what processes do not: torch's global generator and its thread cou
 seed the generator run one rank at a time (:meth:`ThreadComm.in_turn`); during the rounds the server draws no
 random numbers, and what it does while the host trains (folding the uploads, :mod:`mpifl.algorithms.core.reduction`)
 is numpy's, not torch's; the host waits in the next broadcast while the server aggregates.
+
+The calling thread (rank 0) computes on one torch thread from the very start
+(:func:`mpifl.job.start.start`), before any torch work: had it once run a parallel operation on several
+threads, its idle OpenMP team would stay, GNU OpenMP would then manage more threads than there are cores
+and cut its spin-wait short for every team, and each of the client's parallel operations would wake its
+workers from sleep: training and evaluation 7-10 % slower on 2 cores (``python -m mpifl.bench``, see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
