@@ -39,6 +39,12 @@ def threads_for(layout: NodeLayout, requested: int) -> int:
     return requested if requested > 0 else max(1, layout.cores // layout.sharing)
 
 
+def training_cores(device: torch.device, threads: int) -> int:
+    """The cores a client rank keeps busy while it trains: its torch threads on the CPU; on a GPU one, the
+    thread that launches the kernels (its torch threads serve the little it computes on the CPU)."""
+    return threads if device.type == "cpu" else 1
+
+
 def deterministic_kernels(device: torch.device) -> None:
     """``--deterministic``: on a GPU, kernels that give the same bits for the same inputs in every run.
 

@@ -32,7 +32,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from ..client.devices import deterministic_kernels, pick_device, threads_for
+from ..client.devices import deterministic_kernels, pick_device, threads_for, training_cores
 from ..client.host import ClientHost
 from ..data import ensure_dataset
 from ..data.manifest import build_of
@@ -245,12 +245,14 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
     threads = torch.get_num_threads()
     uploads = ", uploads sent at once (single copy)" if comm.sends_at_once else ""
     # and the cores each uses: rank 0 folds on those its node's client ranks leave
+    busy = training_cores(host.device, threads) if host is not None else threads
     ranks = comm.gather_object((f"{where} on {socket.gethostname()}, {threads} threads{uploads}"
-                                + (f", {host.placement_note()}" if host else ""), threads, affinity()))
+                                + (f", {host.placement_note()}" if host else ""), threads, busy, affinity()))
     try:
         if comm.rank == 0:
-            processes = [(line, count) for line, count, _ in ranks]
-            folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks], [c for _, c, _ in ranks])
+            processes = [(line, count) for line, count, *_ in ranks]
+            folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks],
+                                 [busy for _, _, busy, _ in ranks])
             stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes, folds)
         else:
             host.run()

@@ -38,9 +38,9 @@ def fold_threads(layout: NodeLayout, requested: int, cores: Sequence[frozenset[i
     0 = automatic).  Given, they fold behind.  Automatic: the spare cores, those rank 0 may run on less the ones
     its node's client ranks train on, at least 1; behind only where one is spare (else a fold behind the
     receives takes the core of a rank that trains or sends, and rank 0 folds between them, as before).
-    ``cores`` and ``threads``: each rank's cores (:func:`affinity`) and torch threads, indexed by world rank; a
-    client rank takes its threads, or the cores it shares with rank 0 where fewer (one bound to cores of its own
-    takes none)."""
+    ``cores`` and ``threads``: each rank's cores (:func:`affinity`) and the threads it trains on (its torch
+    threads; one for a rank that trains on a GPU), indexed by world rank; a client rank takes its threads, or the
+    cores it shares with rank 0 where fewer (one bound to cores of its own takes none)."""
     if requested > 0:
         return requested, True
     mine = cores[layout.rank]

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpifl.client.devices import deterministic_kernels, pick_device
+from mpifl.client.devices import deterministic_kernels, pick_device, training_cores
 from mpifl.client.host import ClientHost
 from mpifl.errors import MpiflError
 from mpifl.models.pooling import global_avg_pool
@@ -30,6 +30,11 @@ def test_client_ranks_take_their_nodes_gpus_round_robin_by_node_local_index(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     assert {r: pick_device("auto", _layout(r, node_ranks)).index for r in node_ranks if r} == expected
+
+
+def test_a_rank_training_on_a_gpu_keeps_one_core_busy_whatever_its_torch_threads():
+    assert training_cores(torch.device("cpu"), 6) == 6
+    assert training_cores(torch.device("cuda", 1), 6) == 1
 
 
 def test_deterministic_kernels_set_torch_cublas_and_cudnn_for_a_gpu_and_leave_a_cpu_alone(monkeypatch):
