@@ -46,6 +46,10 @@ def test_bench_runs_every_way_and_accounts_for_every_uploaded_byte(tmp_path, dat
     assert placed["1_ranks"] == result["seconds_per_round"]["bare"] and placed["2_ranks"] > 0
     assert result["ratio_to_placement_bound"]["2_ranks"] == pytest.approx(
         result["seconds_per_round"]["mpifl_2_ranks"] / placed["2_ranks"])
+    fold, with_fold = result["fold_seconds_one_core"], result["placed_training_plus_one_fold_seconds"]
+    assert 0 < fold < result["seconds_per_round"]["bare"] and with_fold["1_ranks"] == placed["1_ranks"]
+    assert with_fold["2_ranks"] > fold and result["ratio_to_placed_training_plus_one_fold"]["2_ranks"] == pytest.approx(
+        result["seconds_per_round"]["mpifl_2_ranks"] / with_fold["2_ranks"])
 
 
 @pytest.mark.slow
