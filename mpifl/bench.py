@@ -177,7 +177,8 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
     only; ``extra``: more options of mpifl.run."""
     launcher = ([] if client_ranks is None else
                 [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)])
-    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
+    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data,
+           "--model", model_name, "--rounds", str(rounds),
            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
            "--eval-every", str(eval_every or rounds + 1), "--out", str(out), "--threads", str(threads),
