@@ -146,7 +146,8 @@ class FedProto(FedAvg):
     def batch_loss(self, client, model, x, y):
         features = model.encode(x)
         logits = model.classifier(features)
-        loss = F.cross_entropy(logits, y) + self.cfg.opt("mu") * self.prototype_loss(features, y)
+        loss = self.plus_extra(F.cross_entropy(logits, y) + self.cfg.opt("mu") * self.prototype_loss(features, y),
+                               client, model, features, logits, y)
         self._batches += 1
         if self._batches > self._skip:
             with torch.no_grad():

@@ -86,6 +86,18 @@ def test_without_global_prototypes_the_loss_is_cross_entropy():
     assert torch.allclose(loss, F.cross_entropy(logits, y))
 
 
+def test_the_loss_adds_the_extra_loss_the_hook_contract_asks_for(monkeypatch):
+    """Algorithm.batch_loss's contract: the task loss + extra_loss (latent while FedProto refuses the guide)."""
+    algo, model = _algo()
+    x, y = torch.randn(6, 3, 28, 28), torch.tensor([0, 1, 2, 0, 1, 2])
+    algo.begin_local(_client(), model, _download(torch.zeros(10, 64), torch.zeros(10)))
+    model.eval()  # the same features for both calls
+    without, _ = algo.batch_loss(None, model, x, y)
+    monkeypatch.setattr(algo, "extra_loss", lambda client, model, features, logits, labels: features.sum() * 0 + 7.0)
+    with_extra, _ = algo.batch_loss(None, model, x, y)
+    assert with_extra.item() == pytest.approx(without.item() + 7.0)
+
+
 def test_loss_adds_mu_times_the_mse_to_the_label_prototypes_where_they_exist():
     algo, model = _algo(mu=0.5)
     torch.manual_seed(0)
