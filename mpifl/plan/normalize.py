@@ -46,7 +46,9 @@ prescribes for every client, computed on its training split.
 
 * ``none``   - the dataset normalization of ``--input-norm`` everywhere;
 * ``norm``   - conventional normalization with the client's own statistics in
-  training and test (eq. 8 in both phases; the 'norm.' rows of Table 1);
+  training and test (eq. 8 in both phases).  Not Table 1's 'norm.' rows: the authors' code
+  (``fedavg_with_preprocess.py``, ``preprocess_way='base'``) normalizes those with ImageNet's
+  mean/std, ``--aug none --input-norm imagenet`` (the FedRDN presets' rows);
 * ``fedrdn`` - the method above;
 * ``fedrdn-v`` - the ablation of section 4.4 (Table 4): the average of all
   clients' statistics in training and test.

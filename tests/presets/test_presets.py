@@ -95,10 +95,22 @@ def test_numbers_copied_from_the_papers():
 def test_paper_row_is_the_most_specific_match():
     rdn = load_preset("fedrdn-t1-office")
     assert rdn.result_for({"algo": "fedavg"}).method == "FedAvg"  # aug defaults to none
-    assert rdn.result_for({"algo": "fedavg", "aug": "norm"}).method == "FedAvg + norm"
+    assert rdn.result_for({"algo": "fedavg", "aug": "none", "input_norm": "imagenet"}).method == "FedAvg + norm"
     assert rdn.result_for({"algo": "fedmix", "aug": "fedrdn"}) is None
     nn = load_preset("fednn-t2-digits")
     assert nn.result_for({"algo": "fednn", "fednn_base": "fedprox"}).method == "FedProx+Ours (FedNN)"
+
+
+@pytest.mark.parametrize("name", ["fedrdn-t1-office", "fedrdn-t1-domainnet"])
+def test_fedrdn_presets_make_their_rows_and_augment_as_the_authors_code(name):
+    """fedavg_with_preprocess.py: '+ norm' is ImageNet's mean/std (preprocess_way 'base'), not the client's own
+    statistics; its training images are flipped and rotated in [-30, 30] degrees."""
+    preset = load_preset(name)
+    assert preset.options["train_transforms"] == "flip,rotate"
+    norm_rows = [r for r in preset.results if r.method.endswith("+ norm")]
+    assert len(norm_rows) == 8 and all(r.run == {"algo": r.algo, "aug": "none", "input_norm": "imagenet"}
+                                       for r in norm_rows)
+    assert preset.result_for({"algo": "fedbn", "aug": "norm"}) is None  # own statistics: no row of the table
 
 
 def test_method_options_apply_only_to_methods_declaring_them():
