@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,7 @@ from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
 from mpifl.models import MODEL_NAMES
 from mpifl.plan.config import CORE_KEYS, check, resolve
+from mpifl.plan.optim import round_lr
 from mpifl.presets import all_presets, apply_preset, load_preset, preset_names
 from mpifl.run import main
 
@@ -161,6 +163,19 @@ def test_gperxan_presets_guide_only_gperxan(algo, guide):
         params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
         cfg, _ = build_config(ctx, None, params)
         assert cfg.opt("guide_lambda") == guide, name
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "copa", "gperxan"])
+def test_gperxan_presets_anneal_and_keep_the_optimizer_as_the_authors_client(algo):
+    """source/main/client.py: one SGD optimizer per client for the whole run, CosineAnnealingLR(T_max = rounds)
+    stepped before each round: round r trains at lr (1 + cos(pi r / R)) / 2."""
+    for name in ("gperxan-t2-pacs", "gperxan-t2-officehome", "gperxan-t3-camelyon17"):
+        ctx = main.make_context("mpifl.run", ["--preset", name, "--algo", algo])
+        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+        cfg, _ = build_config(ctx, None, params)
+        assert (cfg.lr_schedule, cfg.lr_min, cfg.keep_optimizer, cfg.horizon) == ("cosine", 0.0, True, 100), name
+        assert round_lr(cfg, 1) == pytest.approx(0.002 * (1 + math.cos(math.pi / 100)) / 2)
+        assert round_lr(cfg, 100) == 0.0
 
 
 def test_list_presets_shows_every_preset_with_its_source():
