@@ -189,7 +189,7 @@ def test_without_an_mpi_library_one_process_commands_run(python_without_mpi, tmp
     """--help, a converter, --show-manifest and a one-process run need no MPI library."""
     env = {**_without_launcher(), "PYTHONPATH": str(REPO)}
     root, out = tmp_path / "datasets", tmp_path / "run"
-    for command in (["mpifl.run", "--help"], ["mpifl.data", "prepare", "styledigits", "--out", str(root)],
+    for command in (["mpifl.run", "--help"], ["mpifl.data", "prepare", "styledigits", "--data-root", str(root)],
                     ["mpifl.run", "--data-root", str(root), "--show-manifest"],
                     ["mpifl.run", "--data-root", str(root), "--rounds", "1", "--samples-per-client", "64",
                      "--eval-batch-size", "64", "--threads", "1", "--out", str(out)]):
