@@ -57,7 +57,7 @@ say "$(nproc) cores; MPIRUN=$MPIRUN"
 command -v ompi_info >/dev/null && ompi_info --all 2>/dev/null | grep -E "single_copy_mechanism|MCA smsc" | head -3 \
     | tee -a "$WORK/summary.txt"
 
-wants data && step data 300 "$PY" -m mpifl.data prepare pacs --src "$SRC" --out "$DATA" --size "$SIZE"
+wants data && step data 300 "$PY" -m mpifl.data prepare pacs --src "$SRC" --data-root "$DATA" --size "$SIZE"
 
 USED=(--algo gperxan --data pacs --rounds 3)
 if wants r18; then

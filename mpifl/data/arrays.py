@@ -7,7 +7,7 @@ hand :func:`convert_arrays` one :class:`ArrayDomain` per domain whose
 ``load()`` returns the domain's splits as in-memory arrays at the final size.
 :func:`convert_arrays` writes the shards and ``manifest.json`` with the same
 atomic pattern as :func:`mpifl.data.folders.convert_folders` (a temporary
-folder under ``--out``, renamed onto ``<out>/<name>`` only when everything
+folder under ``--data-root``, renamed onto ``<out>/<name>`` only when everything
 succeeded, deleted on any error), reusing its helpers.
 """
 

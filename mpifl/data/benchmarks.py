@@ -1,6 +1,6 @@
 """The image-folder benchmarks: one :class:`~mpifl.data.folders.FolderSpec` each.
 
-``python -m mpifl.data prepare NAME --src DIR [--size S] [--out ROOT]``
+``python -m mpifl.data prepare NAME --src DIR [--size S] [--data-root ROOT]``
 converts them with :func:`mpifl.data.folders.convert_folders`.  Splits, per
 dataset, and where they come from:
 

@@ -1,4 +1,4 @@
-"""Camelyon17-WILDS: ``python -m mpifl.data prepare camelyon17 --src DIR [--size S] [--out ROOT]``.
+"""Camelyon17-WILDS: ``python -m mpifl.data prepare camelyon17 --src DIR [--size S] [--data-root ROOT]``.
 
 Source: Camelyon17-WILDS v1.0 (Koh et al., WILDS, ICML 2021): 455,954
 patches of 96x96 RGB from lymph-node slides of the CAMELYON17 challenge

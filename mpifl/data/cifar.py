@@ -1,6 +1,6 @@
 """CIFAR-10 and CIFAR-10-C converters.
 
-``python -m mpifl.data prepare cifar10 --src DIR [--size S] [--out ROOT]``
+``python -m mpifl.data prepare cifar10 --src DIR [--size S] [--data-root ROOT]``
 reads the python version of CIFAR-10 (``cifar-10-python.tar.gz`` unpacked):
 ``data_batch_1`` .. ``data_batch_5``, ``test_batch`` and ``batches.meta``,
 in ``--src`` or in ``--src/cifar-10-batches-py``.  These are pickles of

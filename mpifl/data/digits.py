@@ -1,4 +1,4 @@
-"""Digits-Five: ``python -m mpifl.data prepare digits --src DIR [--size S] [--out ROOT]``.
+"""Digits-Five: ``python -m mpifl.data prepare digits --src DIR [--size S] [--data-root ROOT]``.
 
 Five domains of the digits 0-9 (class ``"0"`` .. ``"9"``, label = digit),
 converted from their usual downloads.  ``--src`` holds one folder per

@@ -1,4 +1,4 @@
-"""FairFace: ``python -m mpifl.data prepare fairface --src DIR [--size S] [--out ROOT]``.
+"""FairFace: ``python -m mpifl.data prepare fairface --src DIR [--size S] [--data-root ROOT]``.
 
 Source: FairFace (Karkkainen & Joo, WACV 2021; https://github.com/joojs/fairface),
 face crops of YFCC-100M photos balanced over 7 race groups, as downloaded

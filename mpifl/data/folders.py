@@ -49,7 +49,7 @@ to :func:`convert_folders`.  The conversion is the same for all of them:
    ahead of the HDF5 writer, so memory stays bounded whatever the domain's
    size.
 6. **Atomic result**: shards and ``manifest.json`` are written into a
-   temporary folder under ``--out`` that is renamed onto ``<out>/<name>``
+   temporary folder under ``--data-root`` that is renamed onto ``<out>/<name>``
    only when everything succeeded (replacing an earlier prepared copy, never
    a folder holding anything else); on any error or interrupt the temporary
    folder is deleted, so no shard is left behind.

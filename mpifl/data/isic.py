@@ -1,4 +1,4 @@
-"""Fed-ISIC2019: ``python -m mpifl.data prepare isic2019 --src DIR [--size S] [--out ROOT]``.
+"""Fed-ISIC2019: ``python -m mpifl.data prepare isic2019 --src DIR [--size S] [--data-root ROOT]``.
 
 Source: the ISIC 2019 challenge training images (BCN20000, HAM10000 and
 MSK; Combalia et al. 2019, Tschandl et al. 2018, Codella et al. 2017) in

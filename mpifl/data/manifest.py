@@ -41,7 +41,7 @@ def remedy(root, name: str) -> str:
     """How the user rebuilds dataset ``name`` under ``root``."""
     if name in GENERATED:
         return f"delete {Path(root) / name} to regenerate it"
-    return f"run `python -m mpifl.data prepare {name} --src DIR --out {root}`"
+    return f"run `python -m mpifl.data prepare {name} --src DIR --data-root {root}`"
 
 
 @dataclass
@@ -101,7 +101,7 @@ class DatasetManifest:
         fix = remedy(root, name)
         if not directory.is_dir():
             if name in GENERATED:
-                fix = f"run `python -m mpifl.data prepare {name} --out {root}` to generate it"
+                fix = f"run `python -m mpifl.data prepare {name} --data-root {root}` to generate it"
             raise MpiflError(f"dataset '{name}' not found under {root}; {fix}")
         if not path.is_file():
             raise MpiflError(f"manifest missing: {path}; {fix}")

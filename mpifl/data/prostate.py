@@ -1,4 +1,4 @@
-"""Multi-site prostate MRI: ``python -m mpifl.data prepare prostate --src DIR [--size S] [--out ROOT]``.
+"""Multi-site prostate MRI: ``python -m mpifl.data prepare prostate --src DIR [--size S] [--data-root ROOT]``.
 
 Source: the six-site T2-weighted prostate MRI release of SAML (Liu, Dou and Heng, "Shape-aware
 meta-learning for generalizing prostate MRI segmentation to unseen domains", MICCAI 2020;

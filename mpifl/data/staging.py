@@ -3,10 +3,10 @@
 Converters build ``<out>/<name>`` inside a hidden staging directory next to
 it (``.<name>.tmp-<pid>-<random>``) and rename it into place only when every
 shard and the manifest are written; on any error (or Ctrl-C) the staging
-directory, and an ``--out`` folder the converter created, are removed, so no
+directory, and a ``--data-root`` folder the converter created, are removed, so no
 partial shard is left.  A converter killed outright (SIGKILL, the OOM killer)
 cannot clean up: its staging directory stays until the next converter under
-the same ``--out`` finds it stale and removes it.  Stale means that no live
+the same ``--data-root`` finds it stale and removes it.  Stale means that no live
 process holds it: a converter holds its staging directory's lock
 (:mod:`mpifl.dirlock`) from the moment it makes it, and the kernel drops the
 lock when the process dies; one without a lock file (killed before it took
@@ -43,15 +43,15 @@ def check_target(final: Path, src: Path) -> None:
     """Refuse an output folder that is the source, holds it, or holds anything but a prepared dataset."""
     final_r, src_r = final.resolve(), src.resolve()
     if final_r == src_r or final_r in src_r.parents:
-        raise MpiflError(f"output {final} would replace the source {src}; choose another --out")
+        raise MpiflError(f"output {final} would replace the source {src}; choose another --data-root")
     if final.exists() or final.is_symlink():
         if not final.is_dir() or final.is_symlink():
-            raise MpiflError(f"{final} exists and is not a dataset folder; remove it or choose another --out")
+            raise MpiflError(f"{final} exists and is not a dataset folder; remove it or choose another --data-root")
         strangers = [p.name for p in final.iterdir()
                      if not (p.is_file() and (p.suffix == ".h5" or p.name == MANIFEST or ".tmp-" in p.name))]
         if strangers:
             raise MpiflError(f"{final} exists and holds {strangers[0]!r}, which is not part of a prepared "
-                             "dataset; remove it or choose another --out")
+                             "dataset; remove it or choose another --data-root")
 
 
 @contextlib.contextmanager

@@ -42,10 +42,11 @@ class Refusal:
 
 
 def launched_world() -> tuple[int, int]:
-    """(rank, size) of the MPI world this process was launched in; (0, 1) without a launcher or without MPI."""
+    """(rank, size) of the MPI world this process was launched in; (0, 1) without a launcher or without MPI (no
+    mpi4py, or an mpi4py that finds no MPI library: a launcher's job is refused by :func:`launcher_mismatch`)."""
     try:
         from mpi4py import MPI
-    except ImportError:
+    except Exception:  # noqa: BLE001: mpi4py 4 raises RuntimeError where it finds no MPI library
         return 0, 1
     return MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 
@@ -104,9 +105,8 @@ def launcher_mismatch() -> Refusal | None:
             warnings.simplefilter("ignore", RuntimeWarning)
             from mpi4py import MPI
     except Exception as exc:  # noqa: BLE001: a broken install says why in its own words
-        return Refusal(f"mpifl: error: {said}, but mpi4py cannot be imported ({type(exc).__name__}: {exc}); install "
-                       "it for the MPI the launcher belongs to (pip install mpi4py, or --no-binary=mpi4py on a "
-                       "cluster)", rank == 0)
+        return Refusal(f"mpifl: error: {said}, but {_no_mpi(exc)}, or on a cluster build mpi4py against the site "
+                       "MPI (pip install --no-binary=mpi4py mpi4py)", rank == 0)
     if MPI.COMM_WORLD.size > 1:
         return None
     if variable == "PMI_SIZE" and _pmi_link() == "none":
@@ -116,6 +116,15 @@ def launcher_mismatch() -> Refusal | None:
     return Refusal(f"mpifl: error: {said}, but mpi4py's MPI ({library}{', ' + where if where else ''}) sees a world "
                    f"of 1: the launcher belongs to another MPI, and every process would run the whole job alone; "
                    f"{fix}", rank == 0)
+
+
+def _no_mpi(exc: Exception) -> str:
+    """What importing mpi4py's MPI failed on and what to install, in one line (mpi4py 4 lists every library path
+    it tried, one a line: only its first line is said)."""
+    if isinstance(exc, ImportError) and exc.name == "mpi4py":
+        return "mpi4py is not installed; install it with an MPI (pip install mpi4py mpich)"
+    said = str(exc).strip().splitlines() or [type(exc).__name__]
+    return f"mpi4py finds no usable MPI library ({said[0]}); install one (pip install mpich)"
 
 
 def _unlaunched(size: int, rank: int, how: str) -> Refusal:

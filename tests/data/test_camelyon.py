@@ -132,12 +132,12 @@ def test_cli_prepare(tmp_path):
     src = tmp_path / "src"
     write_camelyon(src)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["prepare", "camelyon17", "--src", str(src), "--size", "8", "--out",
+    result = CliRunner().invoke(cli, ["prepare", "camelyon17", "--src", str(src), "--size", "8", "--data-root",
                                       str(out)])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"camelyon17: ready at {out / 'camelyon17'} (5 domains, 100 images)\n"
     assert "converted 100 images at 8x8 in" in result.stderr
-    result = CliRunner().invoke(cli, ["prepare", "camelyon17", "--out", str(out / "x")])
+    result = CliRunner().invoke(cli, ["prepare", "camelyon17", "--data-root", str(out / "x")])
     assert result.exit_code == 2 and "--src" in result.stderr and len(result.stderr.splitlines()) == 1
 
 

@@ -163,14 +163,14 @@ def test_cli_severity(tmp_path, small_severity):
     src = tmp_path / "src"
     write_cifar10c(src, corruptions=("fog",))
     runner = CliRunner()
-    result = runner.invoke(cli, ["prepare", "cifar10c", "--src", str(src), "--out", str(tmp_path / "o"),
+    result = runner.invoke(cli, ["prepare", "cifar10c", "--src", str(src), "--data-root", str(tmp_path / "o"),
                                  "--severity", "3"])
     assert result.exit_code == 0, result.output
     assert "cifar10c: ready at" in result.output
     bad = runner.invoke(cli, ["prepare", "digits", "--src", str(src), "--severity", "3"])
     assert bad.exit_code == 2 and "--severity does not apply to digits" in bad.output
     write_cifar10(tmp_path / "c10")
-    ok = runner.invoke(cli, ["prepare", "cifar10", "--src", str(tmp_path / "c10"), "--out",
+    ok = runner.invoke(cli, ["prepare", "cifar10", "--src", str(tmp_path / "c10"), "--data-root",
                              str(tmp_path / "o")])
     assert ok.exit_code == 0, ok.output
 

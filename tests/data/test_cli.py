@@ -31,14 +31,14 @@ def assert_user_error(result, *words):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
-    result = invoke("prepare", "styledigits", "--out", root)
+    result = invoke("prepare", "styledigits", "--data-root", root)
     assert result.exit_code == 0, result.output
     assert result.stdout == f"styledigits: ready at {root / 'styledigits'} (5 domains, 5500 images)\n"
     return root
 
 
 def test_info_describes_the_dataset(prepared):
-    result = invoke("info", "styledigits", "--root", prepared)
+    result = invoke("info", "styledigits", "--data-root", prepared)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "classes    10: 0 1 2 3 4 5 6 7 8 9" in lines
@@ -54,7 +54,7 @@ def test_info_describes_the_dataset(prepared):
 
 
 def test_verify_ok_then_problem(prepared, tmp_path):
-    result = invoke("verify", "styledigits", "--root", prepared)
+    result = invoke("verify", "styledigits", "--data-root", prepared)
     assert (result.exit_code, result.stdout) == (0, "ok\n")
     copy = tmp_path / "styledigits"
     copy.mkdir()
@@ -65,45 +65,57 @@ def test_verify_ok_then_problem(prepared, tmp_path):
     with open(copy / "mono.h5", "r+b") as f:  # overwrite some pixels
         f.seek(offset + 500)
         f.write(b"\x07" * 50)
-    result = invoke("verify", "styledigits", "--root", tmp_path)
+    result = invoke("verify", "styledigits", "--data-root", tmp_path)
     assert result.exit_code == 1
     assert "mono: sha256 mismatch" in result.stdout and "ok" not in result.stdout.split()
 
 
 def test_prepare_is_idempotent(prepared):
     before = (prepared / "styledigits" / "manifest.json").stat().st_mtime_ns
-    assert invoke("prepare", "styledigits", "--out", prepared).exit_code == 0
+    assert invoke("prepare", "styledigits", "--data-root", prepared).exit_code == 0
     assert (prepared / "styledigits" / "manifest.json").stat().st_mtime_ns == before
 
 
+
+@pytest.mark.parametrize("command,old", [("prepare", "--out"), ("info", "--root"), ("verify", "--root")])
+def test_the_old_spellings_of_the_data_root_still_work_and_say_so_once(prepared, tmp_path, monkeypatch, command,
+                                                                      old):
+    monkeypatch.setenv("MPIFL_DATA_ROOT", str(tmp_path))  # no dataset at the default root
+    result = invoke(command, "styledigits", old, prepared, f"{old}={prepared}")
+    assert result.exit_code == 0 and (str(prepared / "styledigits") in result.stdout or result.stdout == "ok\n")
+    assert result.stderr == f"mpifl: notice: {old} is now --data-root (the old spelling still works)\n"
+    assert invoke(command, "styledigits", "--data-root", prepared).stderr == ""
+    shown = invoke(command, "--help").stdout
+    assert "--data-root" in shown and old not in shown
+
 def test_prepare_known_dataset_without_converter(tmp_path, monkeypatch):
     monkeypatch.setitem(KNOWN_DATASETS, "future_set", "a dataset named before its converter exists")
-    result = invoke("prepare", "future_set", "--src", tmp_path, "--out", tmp_path)
+    result = invoke("prepare", "future_set", "--src", tmp_path, "--data-root", tmp_path)
     assert_user_error(result, "converter for 'future_set' is not available", str(tmp_path / "future_set"))
 
 
 def test_prepare_unknown_dataset(tmp_path):
-    assert_user_error(invoke("prepare", "mnist_typo", "--out", tmp_path), "unknown dataset 'mnist_typo'",
+    assert_user_error(invoke("prepare", "mnist_typo", "--data-root", tmp_path), "unknown dataset 'mnist_typo'",
                       "styledigits")
 
 
 def test_prepare_styledigits_takes_no_source(tmp_path):
-    result = invoke("prepare", "styledigits", "--src", tmp_path, "--out", tmp_path)
+    result = invoke("prepare", "styledigits", "--src", tmp_path, "--data-root", tmp_path)
     assert_user_error(result, "drop --src")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_info_and_verify_of_missing_dataset(tmp_path):
     for command in ("info", "verify"):
-        result = invoke(command, "pacs", "--root", tmp_path)
+        result = invoke(command, "pacs", "--data-root", tmp_path)
         assert_user_error(result, f"dataset 'pacs' not found under {tmp_path}",
-                          f"python -m mpifl.data prepare pacs --src DIR --out {tmp_path}")
+                          f"python -m mpifl.data prepare pacs --src DIR --data-root {tmp_path}")
 
 
 @pytest.mark.slow
 def test_module_entry_point_prints_one_line_error(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "mpifl.data", "info", "nosuch", "--root", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "mpifl.data", "info", "nosuch", "--data-root", str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -112,6 +124,6 @@ def test_module_entry_point_prints_one_line_error(tmp_path):
 
 
 def test_verify_of_styledigits_not_yet_generated(tmp_path):
-    result = invoke("verify", "styledigits", "--root", tmp_path)
-    assert_user_error(result, f"run `python -m mpifl.data prepare styledigits --out {tmp_path}`")
+    result = invoke("verify", "styledigits", "--data-root", tmp_path)
+    assert_user_error(result, f"run `python -m mpifl.data prepare styledigits --data-root {tmp_path}`")
     assert list(tmp_path.iterdir()) == []

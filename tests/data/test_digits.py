@@ -425,7 +425,7 @@ def test_a_gzip_bomb_is_refused_within_the_memory_its_header_announces(tmp_path,
 def test_cli_prepare_digits(tmp_path):
     src = tmp_path / "src"
     write_mnist(src / "mnist")
-    result = CliRunner().invoke(cli, ["prepare", "digits", "--src", str(src), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(cli, ["prepare", "digits", "--src", str(src), "--data-root", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     assert "digits: ready at" in result.output and "missing svhn" in result.output
     assert DatasetManifest.load(tmp_path / "out", "digits").splits["mnist"]["test"] == 20

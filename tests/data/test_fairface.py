@@ -118,7 +118,7 @@ def test_cli_prepare(tmp_path):
     written = write_fairface(src)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["prepare", "fairface", "--src", str(src), "--size", "8",
-                                      "--out", str(out)])
+                                      "--data-root", str(out)])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"fairface: ready at {out / 'fairface'} (7 domains, {len(written)} images)\n"
 

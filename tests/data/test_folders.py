@@ -313,7 +313,7 @@ def test_reconverting_replaces_a_prepared_dataset_but_not_other_folders(tmp_path
     (out / "pacs" / "notes.txt").write_text("mine")
     with pytest.raises(MpiflError) as excinfo:
         convert_folders(PACS, src, out, size=8)
-    assert_user_error(excinfo, "notes.txt", "--out")
+    assert_user_error(excinfo, "notes.txt", "--data-root")
     assert DatasetManifest.load(out, "pacs").image_size == (4, 4)
     with pytest.raises(MpiflError) as excinfo:
         convert_folders(dataclasses.replace(PACS, name="src"), src, tmp_path, size=8)
@@ -327,11 +327,11 @@ def test_cli_prepare_reports_time_and_verifies(tmp_path):
     src = tmp_path / "src"
     pacs_tree(src, per_class=2)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["prepare", "pacs", "--src", str(src), "--size", "8", "--out", str(out)])
+    result = CliRunner().invoke(cli, ["prepare", "pacs", "--src", str(src), "--size", "8", "--data-root", str(out)])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"pacs: ready at {out / 'pacs'} (4 domains, 56 images)\n"
     assert "converted 56 images at 8x8 in" in result.stderr
-    result = CliRunner().invoke(cli, ["verify", "pacs", "--root", str(out)])
+    result = CliRunner().invoke(cli, ["verify", "pacs", "--data-root", str(out)])
     assert (result.exit_code, result.stdout) == (0, "ok\n")
 
 
@@ -339,10 +339,10 @@ def test_cli_error_is_one_line(tmp_path):
     src = tmp_path / "src"
     pacs_tree(src, per_class=1)
     break_unknown_domain(src)
-    result = CliRunner().invoke(cli, ["prepare", "pacs", "--src", str(src), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(cli, ["prepare", "pacs", "--src", str(src), "--data-root", str(tmp_path / "out")])
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("mpifl: error: unknown domain folder 'watercolour'")
-    result = CliRunner().invoke(cli, ["prepare", "pacs", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(cli, ["prepare", "pacs", "--data-root", str(tmp_path / "out")])
     assert result.exit_code == 2 and "--src" in result.stderr
     assert_nothing_left(tmp_path / "out")

@@ -134,7 +134,7 @@ def test_cli_prepare(tmp_path):
     written = write_isic(src)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["prepare", "isic2019", "--src", str(src), "--size", "8",
-                                      "--out", str(out)])
+                                      "--data-root", str(out)])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"isic2019: ready at {out / 'isic2019'} (6 domains, {len(written)} images)\n"
     assert "center4 (MSK) train/val/test" in result.stderr

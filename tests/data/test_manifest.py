@@ -179,7 +179,7 @@ def test_open_shard_missing_file_says_how_to_prepare(toy):
     with pytest.raises(MpiflError) as error:
         open_shard(root, m, "light")
     assert one_line(error) == (f"shard missing: {path}; run `python -m mpifl.data prepare toy --src DIR "
-                               f"--out {root}`")
+                               f"--data-root {root}`")
 
 
 def test_unknown_domain_lists_domains(toy):
@@ -192,7 +192,7 @@ def test_load_missing_dataset_says_which_prepare_to_run(tmp_path):
     with pytest.raises(MpiflError) as error:
         DatasetManifest.load(tmp_path, "pacs")
     assert one_line(error) == (f"dataset 'pacs' not found under {tmp_path}; run `python -m mpifl.data "
-                               f"prepare pacs --src DIR --out {tmp_path}`")
+                               f"prepare pacs --src DIR --data-root {tmp_path}`")
 
 
 def rewrite(root, change, name="toy"):
@@ -269,7 +269,7 @@ def test_registry_loads_a_prepared_directory_under_any_name(toy):
 def test_registry_errors(tmp_path):
     with pytest.raises(MpiflError) as error:
         ensure_dataset(tmp_path, "office_caltech")
-    assert f"prepare office_caltech --src DIR --out {tmp_path}" in one_line(error)
+    assert f"prepare office_caltech --src DIR --data-root {tmp_path}" in one_line(error)
     with pytest.raises(MpiflError) as error:
         ensure_dataset(tmp_path, "mnist_typo")
     message = one_line(error)

@@ -1,5 +1,6 @@
 """A launcher that is not of mpi4py's MPI is refused before anything runs; a world of one still runs, and so does a
-process that inherited a launcher's variables without being started by it."""
+process that inherited a launcher's variables without being started by it.  Without an MPI library one process runs,
+and a launcher's job is refused in one line."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from mpifl.process.world import (LAUNCHER_RANK, LAUNCHER_SIZE, PMI_VARIABLES, forget_inherited_launcher,
-                                 launcher_mismatch, launcher_rank, launcher_size)
+                                 launched_world, launcher_mismatch, launcher_rank, launcher_size)
 
-from ..conftest import AS_ROOT, REPO, mpirun_path, open_mpi
+from ..conftest import AS_ROOT, REPO, mpirun_command, mpirun_path, open_mpi
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""
@@ -152,3 +154,61 @@ def test_a_child_of_a_launched_process_runs_without_a_launcher(tmp_path):
     job = subprocess.run([mpirun_path(), "-n", "1", sys.executable, "-c", child], capture_output=True, text=True,
                          timeout=120, env={**_without_launcher(), "PYTHONPATH": str(REPO), **AS_ROOT}, cwd=tmp_path)
     assert job.returncode == 0 and "gperxan-t2-pacs" in job.stdout and not job.stderr, job.stderr
+
+
+
+def test_a_launched_process_without_mpi4py_is_refused_in_one_line_and_alone_runs(no_launcher):
+    no_launcher.setitem(sys.modules, "mpi4py", None)  # import mpi4py then fails as where it is not installed
+    assert launched_world() == (0, 1)
+    no_launcher.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    no_launcher.setenv("OMPI_COMM_WORLD_RANK", "0")
+    refused = launcher_mismatch()
+    assert refused.says_it and "\n" not in refused.line and refused.line.startswith(
+        "mpifl: error: started as one of 2 processes (OMPI_COMM_WORLD_SIZE=2), but mpi4py is not installed; install "
+        "it with an MPI (pip install mpi4py mpich), or on a cluster build mpi4py against the site MPI")
+
+@pytest.fixture(scope="module")
+def python_without_mpi(tmp_path_factory) -> str:
+    """A venv's Python that sees this one's packages (mpi4py, torch, ...) but no MPI library: mpi4py looks for
+    libmpi under the running venv and the system's library paths, not under the venv that installed it (as after
+    ``pip install -e .`` without the ``mpich`` extra, mpi4py to be built later)."""
+    venv = tmp_path_factory.mktemp("no-mpi") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    paths = [subprocess.run([p, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                            capture_output=True, text=True).stdout.strip() for p in (sys.executable, python)]
+    Path(paths[1], "zz-mpifl.pth").write_text(f"import site; site.addsitedir({paths[0]!r})\n")
+    found = subprocess.run([python, "-c", "from mpi4py import MPI"], capture_output=True, text=True)
+    if found.returncode == 0:
+        pytest.skip("this machine has a system MPI library that mpi4py finds from any venv")
+    return python
+
+
+@pytest.mark.slow
+def test_without_an_mpi_library_one_process_commands_run(python_without_mpi, tmp_path):
+    """--help, a converter, --show-manifest and a one-process run need no MPI library."""
+    env = {**_without_launcher(), "PYTHONPATH": str(REPO)}
+    root, out = tmp_path / "datasets", tmp_path / "run"
+    for command in (["mpifl.run", "--help"], ["mpifl.data", "prepare", "styledigits", "--data-root", str(root)],
+                    ["mpifl.run", "--data-root", str(root), "--show-manifest"],
+                    ["mpifl.run", "--data-root", str(root), "--rounds", "1", "--samples-per-client", "64",
+                     "--eval-batch-size", "64", "--threads", "1", "--out", str(out)]):
+        job = subprocess.run([python_without_mpi, "-m", *command], capture_output=True, text=True, timeout=240,
+                             env=env, cwd=tmp_path)
+        assert job.returncode == 0 and "Traceback" not in job.stderr, (command, job.stderr)
+    assert (out / "summary.md").exists()
+
+
+@pytest.mark.slow
+def test_under_mpirun_without_an_mpi_library_the_job_is_refused_in_one_line(python_without_mpi, tmp_path):
+    if open_mpi():
+        pytest.skip("Open MPI's mpirun puts its library on the processes' LD_LIBRARY_PATH, where mpi4py finds it")
+    out = tmp_path / "run"
+    job = subprocess.run([*mpirun_command(2), python_without_mpi, "-m", "mpifl.run", "--rounds", "1", "--out",
+                          str(out)], capture_output=True, text=True, timeout=120,
+                         env={**_without_launcher(), "PYTHONPATH": str(REPO), **AS_ROOT}, cwd=tmp_path)
+    lines = [line for line in (job.stdout + job.stderr).splitlines() if line.strip()]
+    assert job.returncode != 0 and len(lines) == 1, job.stdout + job.stderr
+    assert lines[0].startswith("mpifl: error: started as one of 2 processes (") and not out.exists()
+    assert "mpi4py finds no usable MPI library (cannot load MPI library); install one (pip install mpich)" in lines[0]
+    assert "pip install --no-binary=mpi4py mpi4py" in lines[0]
