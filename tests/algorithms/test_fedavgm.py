@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from mpifl.algorithms import Uploads
-from mpifl.algorithms.fedavgm import MOMENTUM
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
@@ -30,7 +29,7 @@ def test_wire_is_fedavgs_and_the_momentum_stays_on_the_server():
         assert getattr(algo.policy(), direction) == getattr(avg.policy(), direction)
     server = algo.init_server(model.state_dict())
     params = {n: p.shape for n, p in model.named_parameters()}
-    assert {k: v.shape for k, v in server.extra.items()} == {MOMENTUM + k: s for k, s in params.items()}
+    assert {k: v.shape for k, v in server.extra.items()} == {algo.slot("momentum", k): s for k, s in params.items()}
     assert set(algo.download(server)) == set(server.model)  # v is never sent
     assert algo.cfg.opt("server_momentum") == 0.9 and algo.cfg.opt("server_lr") == 1.0  # FedRDN A.2
 
@@ -66,7 +65,7 @@ def test_two_rounds_of_server_momentum_by_hand():
             if k in params:
                 v[k] = beta * v[k] + (x[k] - mean)
                 x[k] = x[k] - eta * v[k]
-                np.testing.assert_allclose(server.extra[MOMENTUM + k].numpy(), v[k], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(server.extra[algo.slot("momentum", k)].numpy(), v[k], rtol=1e-5, atol=1e-6)
             else:
                 x[k] = mean  # BN running statistics: FedAvg
             np.testing.assert_allclose(server.model[k].numpy(), x[k], rtol=1e-5, atol=1e-6)
