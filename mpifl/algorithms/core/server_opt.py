@@ -11,7 +11,8 @@ rule.  The rule's state (``ServerState.extra``, ``<method>.<slot>/<key>``) stays
 travels: the wire is FedAvg's.  BN running statistics are averaged as in FedAvg (a step on them could push a
 running variance below zero); ``num_batches_tracked`` stays local.
 
-Members: SCAFFOLD's global step (the default rule) and FedAvgM.  FedDyn's step is not one: it reads a
+Members: FedAvg with a server learning rate and SCAFFOLD's global step (the default rule), FedAvgM,
+FedAdagrad, FedAdam and FedYogi (:class:`AdaptiveServerOptimizer`).  FedDyn's step is not one: it reads a
 second reduction (sum_P theta_k / m) and returns ``mean - h / alpha``, which written as ``x + step`` would
 round differently.
 """
@@ -23,8 +24,14 @@ from typing import ClassVar
 import torch
 
 from ...errors import MpiflError
+from ...plan.config import Option
 from .base import Algorithm
 from .deltas import check_server_lr, trainable_keys
+
+BETA1 = Option("beta1", float, 0.9, "server first-moment decay: m <- beta1 m + (1 - beta1) Delta")
+BETA2 = Option("beta2", float, 0.99, "server second-moment decay: v <- beta2 v + (1 - beta2) Delta^2 (Yogi: "
+               "v <- v - (1 - beta2) Delta^2 sign(v - Delta^2))")
+TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2")
 
 
 def check_decay(cfg, name: str) -> None:
@@ -71,3 +78,38 @@ class ServerOptimizer(Algorithm):
         eta = self.cfg.opt("server_lr")
         return combined if eta == 1 else x + eta * (combined - x)
 
+
+class AdaptiveServerOptimizer(ServerOptimizer):
+    """Reddi et al.'s Algorithm 2 (FedAdagrad, FedYogi, FedAdam)::
+
+        m_t = beta1 m_{t-1} + (1 - beta1) Delta_t,   v_t = second_moment(v_{t-1}, Delta_t^2),
+        x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
+
+    from m_{-1} = 0 and v_{-1} = tau^2 (Algorithm 2 asks v_{-1} >= tau^2; its least value), without bias
+    correction, as the paper writes it.  beta1 = ``--beta1`` (0.9), beta2 = ``--beta2`` (0.99), tau = ``--tau``
+    (1e-3): the values the paper's experiments fix.  eta = ``--server-lr`` and the clients' ``--lr`` are tuned
+    per task in the paper; each member's default eta is its best for CIFAR-10 there."""
+
+    slots = ("m", "v")
+
+    def __init__(self, cfg, entries):
+        super().__init__(cfg, entries)
+        for option in self.options:
+            if option in (BETA1, BETA2):
+                check_decay(cfg, option.name)
+        if not cfg.opt("tau") > 0:
+            raise MpiflError(f"--tau must be > 0, got {cfg.opt('tau')}")
+
+    def initial_slot(self, name, value):
+        return torch.full_like(value, self.cfg.opt("tau") ** 2) if name == "v" else torch.zeros_like(value)
+
+    def server_step(self, x, combined, state):
+        beta1, tau, eta = self.cfg.opt("beta1"), self.cfg.opt("tau"), self.cfg.opt("server_lr")
+        delta = combined - x
+        state["m"] = beta1 * state["m"] + (1 - beta1) * delta
+        state["v"] = self.second_moment(state["v"], delta * delta)
+        return x + eta * state["m"] / (state["v"].sqrt() + tau)
+
+    def second_moment(self, v: torch.Tensor, squared: torch.Tensor) -> torch.Tensor:
+        """v_t from v_{t-1} and Delta_t^2: the member's rule."""
+        raise NotImplementedError
