@@ -4,22 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl.algorithms import Uploads
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
-from .helpers import aggregate, client_meta, make_algo, run_two_rounds
-
-
-def _uploads(per_client, samples):
-    return Uploads(clients=np.arange(len(samples)),
-                   meta=client_meta(samples, steps=4),
-                   tensors={k: [u[k] for u in per_client] for k in per_client[0]})
-
-
-def _client_models(model_state, n, rng):
-    return [{k: (v.double().numpy() + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in model_state.items()}
-            for _ in range(n)]
+from .helpers import aggregate, make_algo, model_uploads, moved_models, run_two_rounds
 
 
 def test_wire_is_fedavgs_and_the_momentum_stays_on_the_server():
@@ -42,9 +30,9 @@ def test_without_momentum_and_unit_server_lr_fedavgm_is_fedavg():
         algo, _ = make_algo(name, **options)
         servers[name] = (algo, algo.init_server(initial))
     for _ in range(3):  # several rounds: no state may build up
-        ups = _client_models(servers["fedavg"][1].model, 3, rng)
+        ups = moved_models(servers["fedavg"][1].model, 3, rng)
         for algo, server in servers.values():
-            aggregate(algo, server, _uploads(ups, [10, 30, 60]))
+            aggregate(algo, server, model_uploads(ups, [10, 30, 60]))
     for k, v in servers["fedavg"][1].model.items():
         torch.testing.assert_close(servers["fedavgm"][1].model[k], v, rtol=0, atol=2e-7)
 
@@ -58,8 +46,8 @@ def test_two_rounds_of_server_momentum_by_hand():
     v = {k: np.zeros(s.shape) for k, s in x.items()}
     params = set(dict(model.named_parameters()))
     for _ in range(2):
-        ups = _client_models(server.model, 2, rng)
-        aggregate(algo, server, _uploads(ups, [10, 30]))
+        ups = moved_models(server.model, 2, rng)
+        aggregate(algo, server, model_uploads(ups, [10, 30]))
         for k in x:
             mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
             if k in params:

@@ -9,8 +9,7 @@ from mpifl.algorithms import ALGORITHMS
 from mpifl.algorithms.core.server_opt import ServerOptimizer
 from mpifl.errors import MpiflError
 
-from .helpers import aggregate, make_algo
-from .test_fedavgm import _client_models, _uploads
+from .helpers import aggregate, make_algo, model_uploads, moved_models
 
 FAMILY = ("fedavg-slr", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 ADAPTIVE = ("fedadam", "fedyogi", "fedadagrad")
@@ -50,8 +49,8 @@ def test_three_rounds_of_each_rule_by_hand_from_the_initial_state(name):
     v = {k: np.full(x[k].shape, TAU ** 2) for k in params}  # v_{-1} = tau^2
     rng = np.random.default_rng(3)
     for _ in range(3):
-        ups = _client_models(server.model, 2, rng)
-        aggregate(algo, server, _uploads(ups, [10, 30]))
+        ups = moved_models(server.model, 2, rng)
+        aggregate(algo, server, model_uploads(ups, [10, 30]))
         for k in x:
             mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
             if k in params:
@@ -74,9 +73,9 @@ def test_fedavg_with_the_default_server_lr_is_fedavg_bit_for_bit():
     servers = [algo.init_server(initial) for algo in algos]
     rng = np.random.default_rng(0)
     for _ in range(2):
-        ups = _client_models(servers[1].model, 3, rng)
+        ups = moved_models(servers[1].model, 3, rng)
         for algo, server in zip(algos, servers):
-            aggregate(algo, server, _uploads(ups, [10, 30, 60]))
+            aggregate(algo, server, model_uploads(ups, [10, 30, 60]))
     assert all(torch.equal(servers[0].model[k], v) for k, v in servers[1].model.items())
 
 
@@ -91,10 +90,10 @@ def test_every_member_is_registered_its_wire_is_fedavgs_and_its_state_is_never_s
     assert set(algo.download(server)) == set(server.model)
 
 
-@pytest.mark.parametrize("name,eta", [("fedadam", 1e-2), ("fedyogi", 1e-2), ("fedadagrad", 1e-1)])
-def test_adaptive_defaults_are_the_papers_and_v_starts_at_tau_squared(name, eta):
+@pytest.mark.parametrize("name,eta,beta1", [("fedadam", 1e-2, 0.9), ("fedyogi", 1e-2, 0.9), ("fedadagrad", 1e-1, 0.0)])
+def test_adaptive_defaults_are_the_authors_and_v_starts_at_tau_squared(name, eta, beta1):
     algo, model = make_algo(name)
-    assert (algo.cfg.opt("server_lr"), algo.cfg.opt("beta1"), algo.cfg.opt("tau")) == (eta, 0.9, 1e-3)
+    assert (algo.cfg.opt("server_lr"), algo.cfg.opt("beta1"), algo.cfg.opt("tau")) == (eta, beta1, 1e-3)
     assert ("beta2" in algo.cfg.algo_options) == (name != "fedadagrad")  # Adagrad's v has no decay
     if name != "fedadagrad":
         assert algo.cfg.opt("beta2") == 0.99

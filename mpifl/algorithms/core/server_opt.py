@@ -85,17 +85,18 @@ class AdaptiveServerOptimizer(ServerOptimizer):
         m_t = beta1 m_{t-1} + (1 - beta1) Delta_t,   v_t = second_moment(v_{t-1}, Delta_t^2),
         x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
 
-    from m_{-1} = 0 and v_{-1} = tau^2 (Algorithm 2 asks v_{-1} >= tau^2; its least value), without bias
-    correction, as the paper writes it.  beta1 = ``--beta1`` (0.9), beta2 = ``--beta2`` (0.99), tau = ``--tau``
-    (1e-3): the values the paper's experiments fix.  eta = ``--server-lr`` and the clients' ``--lr`` are tuned
-    per task in the paper; each member's default eta is its best for CIFAR-10 there."""
+    from m_{-1} = 0 and v_{-1} = tau^2 (Algorithm 2 asks v_{-1} >= tau^2: its least value), without bias
+    correction, as the paper writes it.  (The authors' code, google-research/federated ``optimization``, runs
+    Keras' optimizers instead: Adagrad and Yogi accumulators from 0, Adam bias-corrected.)  beta1 = ``--beta1``
+    (0.9), beta2 = ``--beta2`` (0.99), tau = ``--tau`` (1e-3): the authors' flags for their experiments.
+    eta = ``--server-lr`` and the clients' ``--lr`` are tuned per task there; each member states its default."""
 
     slots = ("m", "v")
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         for option in self.options:
-            if option in (BETA1, BETA2):
+            if option.name in (BETA1.name, BETA2.name):
                 check_decay(cfg, option.name)
         if not cfg.opt("tau") > 0:
             raise MpiflError(f"--tau must be > 0, got {cfg.opt('tau')}")
