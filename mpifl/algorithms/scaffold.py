@@ -29,7 +29,8 @@ Choices:
 * **Weights** w_i of the model average are FedAvg's (sample count,
   ``--uniform-weights`` for the paper's 1/|S|), so with all variates at zero
   SCAFFOLD is FedAvg; c follows the paper's uniform 1/N rule.
-* **eta_g** = ``--server-lr`` (default 1, the paper's experiments use 1).
+* **eta_g** = ``--server-lr`` (default 1, the paper's experiments use 1):
+  the server-SGD step of ``core.server_opt``, the mean itself at eta_g = 1.
 * **BN.**  Control variates exist only for trainable parameters (conv,
   linear, BN affine); BN running statistics are averaged as in FedAvg
   (weighted mean, no eta_g) and ``num_batches_tracked`` stays local.
@@ -54,32 +55,19 @@ from __future__ import annotations
 
 import torch
 
-from .core.deltas import (
-    SERVER_LR,
-    add_to_grads,
-    check_server_lr,
-    parameters,
-    solver_norm,
-    trainable_keys,
-    trainable_specs,
-    training_share,
-)
+from .core.deltas import SERVER_LR, add_to_grads, parameters, solver_norm, trainable_specs, training_share
 from .core.reduction import Reduction
+from .core.server_opt import ServerOptimizer
 from .fedavg import FedAvg
 
 C_GLOBAL, C_LOCAL, DELTA_C = "scaffold.c_global/", "scaffold.c_local/", "scaffold.delta_c/"
 
 
-class Scaffold(FedAvg):
+class Scaffold(ServerOptimizer, FedAvg):
     name = "scaffold"
     fresh_optimizer = True  # a_K (deltas.solver_norm) assumes zero momentum at each round's start
     summary = "SCAFFOLD: server variate c sent down, client variates c_i kept, Delta c_i sent up, corrected local steps"
     options = FedAvg.options + (SERVER_LR,)
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        check_server_lr(cfg)
-        self.params = trainable_keys(self)
 
     def extra_download(self):
         return trainable_specs(self, C_GLOBAL)
@@ -110,13 +98,6 @@ class Scaffold(FedAvg):
         for key in self.params:
             c = server.extra[C_GLOBAL + key]
             server.extra[C_GLOBAL + key] = (c.double() + torch.from_numpy(uploads.sums[DELTA_C + key])).to(c.dtype)
-
-    def global_value(self, server, key, combined, uploads):
-        eta_g = self.cfg.opt("server_lr")
-        if key not in self.params or eta_g == 1:
-            return combined
-        x = server.model[key].double()
-        return x + eta_g * (combined - x)
 
     # ------------------------------------------------------------------ client
     def begin_local(self, client, model, download):

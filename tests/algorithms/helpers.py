@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from mpifl.algorithms import Folding, get_algorithm
+from mpifl.algorithms import Folding, Uploads, get_algorithm
 from mpifl.client.training import client_round, load_state
 from mpifl.plan.config import RunConfig
 from mpifl.transport.messages import CLIENT_META
@@ -27,6 +27,18 @@ def client_meta(samples, steps=1):
     meta["num_samples"] = meta["seen"] = samples
     meta["num_steps"] = steps
     return meta
+
+
+def model_uploads(per_client, samples):
+    """The ``Uploads`` of clients 0..K-1 with these model entries (dicts of arrays) and training sample counts."""
+    return Uploads(clients=np.arange(len(samples)), meta=client_meta(samples, steps=4),
+                   tensors={k: [u[k] for u in per_client] for k in per_client[0]})
+
+
+def moved_models(model_state, n, rng):
+    """``n`` clients' models: every entry of ``model_state`` plus N(0, 0.1) noise, float32 arrays."""
+    return [{k: (v.double().numpy() + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in model_state.items()}
+            for _ in range(n)]
 
 
 def gradients_after_shift(algo, model, shift=1.0):

@@ -4,23 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl.algorithms import Uploads
-from mpifl.algorithms.fedavgm import MOMENTUM
 from mpifl.errors import MpiflError
 
 from ..conftest import read_metrics
-from .helpers import aggregate, client_meta, make_algo, run_two_rounds
-
-
-def _uploads(per_client, samples):
-    return Uploads(clients=np.arange(len(samples)),
-                   meta=client_meta(samples, steps=4),
-                   tensors={k: [u[k] for u in per_client] for k in per_client[0]})
-
-
-def _client_models(model_state, n, rng):
-    return [{k: (v.double().numpy() + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in model_state.items()}
-            for _ in range(n)]
+from .helpers import aggregate, make_algo, model_uploads, moved_models, run_two_rounds
 
 
 def test_wire_is_fedavgs_and_the_momentum_stays_on_the_server():
@@ -30,7 +17,7 @@ def test_wire_is_fedavgs_and_the_momentum_stays_on_the_server():
         assert getattr(algo.policy(), direction) == getattr(avg.policy(), direction)
     server = algo.init_server(model.state_dict())
     params = {n: p.shape for n, p in model.named_parameters()}
-    assert {k: v.shape for k, v in server.extra.items()} == {MOMENTUM + k: s for k, s in params.items()}
+    assert {k: v.shape for k, v in server.extra.items()} == {algo.slot("momentum", k): s for k, s in params.items()}
     assert set(algo.download(server)) == set(server.model)  # v is never sent
     assert algo.cfg.opt("server_momentum") == 0.9 and algo.cfg.opt("server_lr") == 1.0  # FedRDN A.2
 
@@ -43,9 +30,9 @@ def test_without_momentum_and_unit_server_lr_fedavgm_is_fedavg():
         algo, _ = make_algo(name, **options)
         servers[name] = (algo, algo.init_server(initial))
     for _ in range(3):  # several rounds: no state may build up
-        ups = _client_models(servers["fedavg"][1].model, 3, rng)
+        ups = moved_models(servers["fedavg"][1].model, 3, rng)
         for algo, server in servers.values():
-            aggregate(algo, server, _uploads(ups, [10, 30, 60]))
+            aggregate(algo, server, model_uploads(ups, [10, 30, 60]))
     for k, v in servers["fedavg"][1].model.items():
         torch.testing.assert_close(servers["fedavgm"][1].model[k], v, rtol=0, atol=2e-7)
 
@@ -59,14 +46,14 @@ def test_two_rounds_of_server_momentum_by_hand():
     v = {k: np.zeros(s.shape) for k, s in x.items()}
     params = set(dict(model.named_parameters()))
     for _ in range(2):
-        ups = _client_models(server.model, 2, rng)
-        aggregate(algo, server, _uploads(ups, [10, 30]))
+        ups = moved_models(server.model, 2, rng)
+        aggregate(algo, server, model_uploads(ups, [10, 30]))
         for k in x:
             mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
             if k in params:
                 v[k] = beta * v[k] + (x[k] - mean)
                 x[k] = x[k] - eta * v[k]
-                np.testing.assert_allclose(server.extra[MOMENTUM + k].numpy(), v[k], rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(server.extra[algo.slot("momentum", k)].numpy(), v[k], rtol=1e-5, atol=1e-6)
             else:
                 x[k] = mean  # BN running statistics: FedAvg
             np.testing.assert_allclose(server.model[k].numpy(), x[k], rtol=1e-5, atol=1e-6)

@@ -384,8 +384,8 @@ class Algorithm:
 
     def global_value(self, server: ServerState, key: str, combined: torch.Tensor, uploads: Uploads) -> torch.Tensor:
         """The new global value of one entry from its combined client value; ``server.model[key]`` still
-        holds the old one.  FedAvg: the combined value.  Server optimizers (FedAvgM, FedDyn, SCAFFOLD's
-        global step) step here."""
+        holds the old one.  FedAvg: the combined value.  Server optimizers (``core.server_opt``: FedAvgM,
+        SCAFFOLD's global step; FedDyn) step here."""
         return combined
 
     def combine(self, key: str, values: Sequence[np.ndarray], weights: np.ndarray) -> torch.Tensor:
