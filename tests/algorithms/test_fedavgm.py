@@ -37,29 +37,6 @@ def test_without_momentum_and_unit_server_lr_fedavgm_is_fedavg():
         torch.testing.assert_close(servers["fedavgm"][1].model[k], v, rtol=0, atol=2e-7)
 
 
-def test_two_rounds_of_server_momentum_by_hand():
-    beta, eta = 0.9, 0.7
-    algo, model = make_algo("fedavgm", server_momentum=beta, server_lr=eta)
-    server = algo.init_server(model.state_dict())
-    rng = np.random.default_rng(1)
-    x = {k: v.double().numpy() for k, v in server.model.items()}
-    v = {k: np.zeros(s.shape) for k, s in x.items()}
-    params = set(dict(model.named_parameters()))
-    for _ in range(2):
-        ups = moved_models(server.model, 2, rng)
-        aggregate(algo, server, model_uploads(ups, [10, 30]))
-        for k in x:
-            mean = 0.25 * ups[0][k] + 0.75 * ups[1][k]
-            if k in params:
-                v[k] = beta * v[k] + (x[k] - mean)
-                x[k] = x[k] - eta * v[k]
-                np.testing.assert_allclose(server.extra[algo.slot("momentum", k)].numpy(), v[k], rtol=1e-5, atol=1e-6)
-            else:
-                x[k] = mean  # BN running statistics: FedAvg
-            np.testing.assert_allclose(server.model[k].numpy(), x[k], rtol=1e-5, atol=1e-6)
-    assert all(np.abs(x[k] - (0.25 * ups[0][k] + 0.75 * ups[1][k])).max() > 1e-3 for k in params)  # not the mean
-
-
 def _losses(record):
     return [d["loss"] for split in ("val", "test") for d in record["eval"]["global"][split]["domains"].values()]
 

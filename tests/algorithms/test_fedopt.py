@@ -47,6 +47,8 @@ def test_three_rounds_of_each_rule_by_hand_from_the_initial_state(name):
     x = {k: v.double().numpy() for k, v in server.model.items()}
     m = {k: np.zeros(x[k].shape) for k in params}  # m_{-1} = 0 (FedAvgM: its momentum v)
     v = {k: np.full(x[k].shape, TAU ** 2) for k in params}  # v_{-1} = tau^2
+    state = {"fedavgm": {"momentum": m}, "fedadam": {"m": m, "v": v}, "fedyogi": {"m": m, "v": v},
+             "fedadagrad": {"m": m, "v": v}}.get(name, {})  # the rule's server state by hand, as m and v go
     rng = np.random.default_rng(3)
     for _ in range(3):
         ups = moved_models(server.model, 2, rng)
@@ -59,12 +61,10 @@ def test_three_rounds_of_each_rule_by_hand_from_the_initial_state(name):
             else:
                 x[k] = mean  # BN running statistics: FedAvg
             np.testing.assert_allclose(server.model[k].numpy(), x[k], rtol=1e-5, atol=1e-6)
-    state = {"fedavgm": {"momentum": m}, "fedadam": {"m": m, "v": v}, "fedyogi": {"m": m, "v": v},
-             "fedadagrad": {"m": m, "v": v}}.get(name, {})
+        for slot, values in state.items():  # every round's state, not only the last
+            for k in params:
+                np.testing.assert_allclose(server.extra[algo.slot(slot, k)].numpy(), values[k], rtol=1e-5, atol=1e-7)
     assert set(server.extra) == {algo.slot(s, k) for s in state for k in params}
-    for slot, values in state.items():
-        for k in params:
-            np.testing.assert_allclose(server.extra[algo.slot(slot, k)].numpy(), values[k], rtol=1e-5, atol=1e-7)
 
 
 def test_fedavg_with_the_default_server_lr_is_fedavg_bit_for_bit():
