@@ -18,8 +18,8 @@ The calling thread (rank 0) computes on one torch thread from the very start
 (:func:`mpifl.job.start.start`), before any torch work: had it once run a parallel operation on several
 threads, its idle OpenMP team would stay, GNU OpenMP would then manage more threads than there are cores
 and cut its spin-wait short for every team, and each of the client's parallel operations would wake its
-workers from sleep: training and evaluation 7-10 % slower on 2 cores (``python -m mpifl.bench``, see
-docs/benchmarks.md).
+workers from sleep: the client's compute 7-10 % longer on 2 cores (docs/benchmarks.md, "One process against
+the bare loop").
 """
 
 from __future__ import annotations
