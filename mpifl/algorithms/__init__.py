@@ -9,8 +9,9 @@ import pkgutil
 
 from ..errors import MpiflError
 from ..transport.share import SharePolicy
-from .core.base import REGISTRY, Algorithm, ClientState, ServerState, Uploads
+from .core.base import REGISTRY, Algorithm
 from .core.reduction import Folding, Reduction, weighted_mean
+from .core.state import ClientState, ServerState, Uploads
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

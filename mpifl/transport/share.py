@@ -1,5 +1,5 @@
 """What a method shares: the tensors that cross the wire in each direction per participating client, and
-those a client keeps.  Each algorithm states one (:meth:`mpifl.algorithms.core.base.Algorithm.policy`);
+those a client keeps.  Each algorithm states one (:meth:`mpifl.algorithms.core.helpers.AlgorithmHelpers.policy`);
 the message layouts (:mod:`.messages`) and ``--show-manifest`` (:mod:`.manifest`) are made from it."""
 
 from __future__ import annotations

@@ -1,41 +1,45 @@
 """The algorithm interface: what a federated method shares, keeps, trains and aggregates.
 
 A method is a subclass of :class:`Algorithm` that overrides only what differs
-from FedAvg.  The runtime owns the loop and calls the method's hooks;
+from FedAvg.  The runtime owns the loop and calls the method's hooks, which
+``Algorithm`` lists grouped by where they run, each group's most overridden
+first; what the runtime calls and no method overrides (the share policy's keys
+and wire manifest, the network's build, the round's entry) is apart, in
+:class:`~mpifl.algorithms.core.helpers.AlgorithmHelpers`.
 :data:`mpifl.algorithms.core.hooks.HOOKS` is their contract, one entry per
-public method: on which rank the runtime calls it, when, whether an override
-must call ``super()``, and whether a method overrides it at all (a helper)
-(``tests/algorithms/core/test_hooks.py`` checks it against this class, the
-method files and the runtime).  What a method states through them:
+public method: its role, on which rank the runtime calls it, when, whether an
+override must call ``super()``, and whether a method overrides it at all (a
+helper) (``tests/algorithms/core/test_hooks.py`` checks it against this class,
+the method files and the runtime).  What a method states through them, by role:
 
-* **the model** it needs: ``norm`` (the normalization layer kind, which
-  ``--norm`` overrides unless the method lists the kinds its rule works with
-  in ``norms``) and ``conv`` (the convolution kind), see ``mpifl.models.norm``,
-  plus the layers it inserts (:meth:`adapt_model`, e.g. MixStyle);
-* **its share policy, as data**: which model state entries go down
+* **its local training** (client training): the client hooks from :meth:`begin_local` to
+  :meth:`end_local` (optimizer, epochs, freezing, loss, gradient corrections,
+  what goes up beyond the model), and per-round schedules (:meth:`begin_round`);
+* **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.core.guide`), which every method
+  takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
+  lambda L(h_g(features), y), L the task's loss; a method sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
+* **its share policy, as data** (upload): which model state entries go down
   (:meth:`shares`) and which of those come back up (:meth:`sends_back`),
   and tensors beyond the model (:meth:`extra_download`, :meth:`extra_upload`,
   :meth:`extra_private`: control variates, statistics ...).
-  :meth:`policy` turns these into the wire manifest; the runtime moves
+  ``policy`` turns these into the wire manifest; the runtime moves
   exactly those tensors and nothing else.  A method with stages returns its
   stage from :meth:`phase_of`; the rules may read ``self.phase``, and a model
   entry that is sent down but not back is *adopted*: every client stores the
   received value as its own from then on (FixBN freezing BN statistics);
-* **its local training**: the client hooks from :meth:`begin_local` to
-  :meth:`end_local` (optimizer, epochs, freezing, loss, gradient corrections,
-  what goes up beyond the model), and :meth:`personalize` (fine-tuning before
-  a personal model is evaluated);
-* **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.core.guide`), which every method
-  takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
-  lambda L(h_g(features), y), L the task's loss; a method sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
-* **a one-time exchange** before round 1, if any (FedMix's mean images), and
-  a training set rebuilt from what was received (CCST's stylized images);
-* **the server rule**, as a reduction (:mod:`mpifl.algorithms.core.reduction`): the weighted sums it needs of
-  the uploads (:meth:`reductions`), folded as they arrive, the small entries rank 0 receives from every
-  client whole (:meth:`gathered_keys`), and the new global state from those (:meth:`aggregate`);
-* **what it evaluates**: ``evaluates`` lists "global" (the model rebuilt from
+* **the server rule** (server aggregation), as a reduction (:mod:`mpifl.algorithms.core.reduction`): the
+  weighted sums it needs of the uploads (:meth:`reductions`), folded as they arrive, the small entries rank 0
+  receives from every client whole (:meth:`gathered_keys`), and the new global state from those
+  (:meth:`aggregate`);
+* **what it evaluates** (evaluation): ``evaluates`` lists "global" (the model rebuilt from
   the download) and/or "personal" (the download plus the client's private
-  state).
+  state, after :meth:`personalize`'s fine-tuning);
+* **the model** it needs (set-up): ``norm`` (the normalization layer kind, which
+  ``--norm`` overrides unless the method lists the kinds its rule works with
+  in ``norms``) and ``conv`` (the convolution kind), see ``mpifl.models.norm``,
+  plus the layers it inserts (:meth:`adapt_model`, e.g. MixStyle);
+* **a one-time exchange** before round 1, if any (FedMix's mean images), and
+  a training set rebuilt from what was received (CCST's stylized images) (set-up).
 
 Private state (every model entry the method does not share, plus
 :meth:`extra_private` tensors, plus the optimizer state with
@@ -48,7 +52,6 @@ attributes of the method: those two are what a checkpoint saves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import numpy as np
@@ -56,69 +59,36 @@ import torch
 from torch import nn
 
 from ...errors import MpiflError
-from ...models import StateEntry, build_model, place_composite_norms
+from ...models import StateEntry
 from ...plan.clients import ClientSpec
 from ...plan.config import Option, RunConfig
-from ...plan.optim import build_optimizer, round_lr
+from ...plan.optim import build_optimizer
 from ...plan.task import CLASSIFICATION, Task
-from ...transport.share import SharePolicy
 from ...transport.wire import TensorSpec
-from .guide import NAME as GUIDE, frozen_head, guide_loss, with_guide
+from .guide import NAME as GUIDE, guide_loss, with_guide
+from .helpers import AlgorithmHelpers
 from .reduction import Reduction, mean_weights, weighted_mean
-
-
-@dataclass
-class ServerState:
-    """Global state on rank 0: the shared model entries and the method's own tensors."""
-
-    model: dict[str, torch.Tensor]
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class ClientState:
-    """A logical client on its host rank: its data split and its private tensors."""
-
-    spec: ClientSpec
-    private: dict[str, torch.Tensor]
-
-    @property
-    def id(self) -> int:
-        return self.spec.id
-
-
-@dataclass
-class Uploads:
-    """What the sampled clients sent this round, in client-id order.
-
-    ``tensors[name][k]`` is client k's value of a gathered entry (:meth:`Algorithm.gathered_keys`): a numpy
-    view into the receive buffer, so aggregation reads the gathered bytes in place.  ``sums[name]`` is the
-    float64 result of the method's reduction ``name`` (:meth:`Algorithm.reductions`), filled before
-    :meth:`Algorithm.aggregate`.
-    """
-
-    clients: np.ndarray
-    meta: np.ndarray  # (K,) records of CLIENT_META: num_samples, num_steps, loss_sum, correct, seen
-    tensors: dict[str, list[np.ndarray]]
-    sums: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def num_samples(self) -> np.ndarray:
-        return self.meta["num_samples"]
-
-    @property
-    def num_steps(self) -> np.ndarray:
-        return self.meta["num_steps"]
-
+from .state import ClientState, ServerState, Uploads
 
 REGISTRY: dict[str, type["Algorithm"]] = {}  # --algo name -> class, filled as the method files are imported
 
 
-class Algorithm:
+class Algorithm(AlgorithmHelpers):
     """FedAvg's behaviour; methods override what differs.
 
-    A subclass that sets its own ``name`` registers itself under it (:data:`REGISTRY`): adding a method is
-    adding its file to ``mpifl/algorithms/``.
+    The hooks, by where they run, each group starting with those most methods override:
+
+    1. client training, on a client's host rank every round: :meth:`begin_local`, :meth:`end_local`,
+       :meth:`after_backward`, :meth:`batch_loss` ...;
+    2. upload, the share policy of a stage: :meth:`shares`, :meth:`extra_upload`, :meth:`extra_download` ...;
+    3. server aggregation, on rank 0 every round: :meth:`aggregate`, :meth:`init_server`, :meth:`gathered_keys`,
+       :meth:`reductions`, :meth:`download` ...;
+    4. evaluation: :meth:`global_model_shared`, :meth:`global_private`, :meth:`personalize` ...;
+    5. one-time set-up: :meth:`bind_clients`, :meth:`adapt_model`, :meth:`setup_exchange` ...
+
+    The helpers the runtime calls, which no method overrides, are in
+    :class:`~mpifl.algorithms.core.helpers.AlgorithmHelpers`.  A subclass that sets its own ``name`` registers
+    itself under it (:data:`REGISTRY`): adding a method is adding its file to ``mpifl/algorithms/``.
     """
 
     name: ClassVar[str] = ""
@@ -172,94 +142,67 @@ class Algorithm:
         self._global_head: nn.Module | None = None  # h_g of the round being trained (guiding regularizer)
         self.task: Task = CLASSIFICATION  # the dataset's (bind_task)
 
-    @property
-    def selection(self) -> str:
-        """The run's best-round rule: ``--select-by``, or the method's :attr:`selects_by` under ``auto``."""
-        return self.selects_by if self.cfg.select_by == "auto" else self.cfg.select_by
+    # ================================================================== 1. client training (its host rank)
+    def begin_local(self, client: ClientState, model: nn.Module, download: dict[str, torch.Tensor]) -> None:
+        """Called after the client model is rebuilt, before local training.  Default: with ``--guide-lambda``,
+        hold the downloaded classifier, frozen (:meth:`hold_global_head`); a method overriding it calls
+        ``super()``."""
+        self.hold_global_head(model)
 
-    def bind_clients(self, clients: Sequence[ClientSpec]) -> None:
-        """The run's logical clients, the same list on every rank; called once when the session is built.
+    def end_local(self, client: ClientState, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The :meth:`extra_upload` tensors after local training (model entries are added by the runtime)."""
+        return {}
 
-        Sets :attr:`training_ids` (every client but a held-out domain's, in client-id order, the order of
-        one-time exchanges), whose number N a server rule defined over all clients, not only a round's
-        participants, needs (SCAFFOLD's c, FedDyn's h).
-        """
-        self.training_ids = sorted(c.id for c in clients if c.trains)
+    def after_backward(self, client: ClientState, model: nn.Module) -> None:
+        """Gradient corrections between ``backward()`` and ``optimizer.step()``."""
 
-    @classmethod
-    def check_task(cls, cfg: RunConfig, task: Task) -> None:
-        """A method whose rule needs a class per image refuses a segmentation task in one line (called before
-        the model is built)."""
-        if task.name != "classification" and cls.classification_only:
-            raise MpiflError(f"--algo {cls.name} {cls.classification_only}; {cfg.data} is a {task.name} "
-                             "dataset (a class per pixel): pick a method whose rule does not need classes")
+    def batch_loss(self, client: ClientState, model: nn.Module, x: torch.Tensor,
+                   y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(training objective, logits) of one mini-batch: the task's loss (cross-entropy; Dice for segmentation)
+        of classifier(encode(x)), + :meth:`extra_loss`."""
+        features = model.encode(x)
+        logits = model.classifier(features)
+        return self.plus_extra(self.task.loss(logits, y), client, model, features, logits, y), logits
 
-    def bind_task(self, task: Task) -> None:
-        """The run's task (:mod:`mpifl.plan.task`), from its dataset (:meth:`check_task`)."""
-        self.check_task(self.cfg, task)
-        self.task = task
+    def extra_loss(self, client: ClientState, model: nn.Module, features: torch.Tensor,
+                   logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the task loss of each mini-batch (None: nothing).  Default: the guiding
+        regularizer lambda L(h_g(features), labels), L the task's loss (``self.task.loss``), while a global head
+        is held; a method overriding it adds ``super()``'s."""
+        if self._global_head is None:
+            return None
+        return guide_loss(self._global_head, self.guide_lambda, features, labels, self.task)
 
-    @property
-    def num_training_clients(self) -> int:
-        """N, the number of training clients."""
-        return len(self.training_ids)
-
-    @classmethod
-    def norm_kind(cls, cfg: RunConfig) -> str:
-        """The run's normalization kind: ``--norm``, or :attr:`norm` under ``auto``; a kind outside
-        :attr:`norms` is a one-line error."""
-        kind = cls.norm if cfg.norm == "auto" else cfg.norm
-        if cls.norms is not None and kind not in cls.norms:
-            raise MpiflError(f"--norm {kind}: {cls.name} {cls.norms_because}; use --norm "
-                             f"{' or '.join(('auto',) + cls.norms)}, or another --algo")
-        return kind
-
-    @classmethod
-    def norm_placement(cls, cfg: RunConfig) -> tuple[str, str]:
-        """(where composite norms go, the flag that said it): ``--norm-blocks``
-        (:func:`~mpifl.models.place_composite_norms`)."""
-        return cfg.norm_blocks, "--norm-blocks"
-
-    @classmethod
-    def network(cls, cfg: RunConfig, *, num_classes: int, in_channels: int = 3,
-                image_size: tuple[int, int] = (28, 28)) -> nn.Module:
-        """The network the method trains: ``cfg.model`` with :meth:`norm_kind` and :attr:`conv`, composite
-        norms placed by :meth:`norm_placement`, then :meth:`adapt_model`."""
-        cls.check_choices(cfg)
-        model = build_model(cfg.model, num_classes=num_classes, in_channels=in_channels,
-                            image_size=tuple(image_size), norm=cls.norm_kind(cfg), conv=cls.conv)
-        return cls.adapt_model(place_composite_norms(model, *cls.norm_placement(cfg)), cfg)
-
-    @classmethod
-    def check_choices(cls, cfg: RunConfig) -> None:
-        """One line for a rule option (an :class:`Option` with ``choices``) given a value it does not take."""
-        for option in cls.options:
-            if option.choices and cfg.opt(option.name) not in option.choices:
-                raise MpiflError(f"{option.flag} must be one of {', '.join(option.choices)}, "
-                                 f"got {cfg.opt(option.name)!r}")
-
-    @classmethod
-    def adapt_model(cls, model: nn.Module, cfg: RunConfig) -> nn.Module:
-        """The network the method trains, from the one built with its norm kind and ``conv``
-        (called once per rank with the seeded model; inserted layers must hold no random state)."""
-        return model
-
-    # ------------------------------------------------------------------ stages
-    def phase_of(self, round_index: int) -> int:
-        """The method's stage in a round; the share policy may differ between stages."""
-        return 0
-
-    def enter_round(self, round_index: int) -> None:
-        """Called by the runtime on every rank before round ``round_index``'s message: the method's stage and
-        the round's learning rate :attr:`lr` (:func:`~mpifl.plan.optim.round_lr`), then :meth:`begin_round`."""
-        self.phase = self.phase_of(round_index)
-        self.lr = round_lr(self.cfg, round_index)
-        self.begin_round(round_index)
+    def trainable(self, entry: StateEntry, epoch: int) -> bool:
+        """Whether parameter ``entry`` trains in local epoch ``epoch`` (from 0) of a round; a frozen one gets no
+        gradient, so the optimizer leaves it as it is (no step, no weight decay).  Applied by the local loop
+        before every epoch.  Default: every parameter trains."""
+        return True
 
     def begin_round(self, round_index: int) -> None:
         """Per-round schedules (temperatures ...), on every rank."""
 
-    # ------------------------------------------------------------ share policy
+    def local_epochs(self) -> int:
+        """Local epochs of a round: ``--local-epochs`` (FedRep adds its head epochs)."""
+        return self.cfg.local_epochs
+
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        """A fresh local optimizer at learning rate ``lr`` (the runtime passes the round's :attr:`lr`):
+        ``--optimizer`` with ``--momentum``, ``--weight-decay`` (:func:`~mpifl.plan.optim.build_optimizer`).
+        With ``--keep-optimizer`` the runtime loads the client's kept state into it, whatever it is."""
+        return build_optimizer(model.parameters(), self.cfg, lr)
+
+    def train_mode(self, model: nn.Module) -> None:
+        """Put the model in training mode for local training (a method may put layers in eval mode here)."""
+        model.train()
+
+    def score_local(self, client: ClientState, model: nn.Module, moment: str, score) -> None:
+        """Called twice in a client's round: ``moment`` "downloaded" with the model as loaded, before
+        :meth:`begin_local`; "trained" after local training, before :meth:`end_local`.  ``score(split)`` is
+        (summed cross-entropy, correct, count) of the model as it is on one of the client's splits ("train",
+        "val", "test"), evaluated on demand only (FedDG-GA's generalization gaps).  Default: nothing."""
+
+    # ================================================================== 2. upload: the share policy of a stage
     def shares(self, entry: StateEntry) -> bool:
         """Model state entries that go down (and, unless :meth:`sends_back` says otherwise, come up).
 
@@ -268,56 +211,30 @@ class Algorithm:
         """
         return entry.attr != "num_batches_tracked"
 
-    def sends_back(self, entry: StateEntry) -> bool:
-        """Among the shared entries, those the clients upload; the others are adopted."""
-        return True
-
-    def _rule(self, name: str) -> list[str]:
-        if self.phase not in self._keys:
-            down = [e for e in self.entries if self.shares(e)]
-            self._keys[self.phase] = {
-                "shared": [e.key for e in down],
-                "uploaded": [e.key for e in down if self.sends_back(e)],
-                "adopted": [e.key for e in down if not self.sends_back(e)],
-                "private": [e.key for e in self.entries if not self.shares(e)]}
-        return self._keys[self.phase][name]
-
-    @property
-    def shared_keys(self) -> list[str]:
-        """Model entries in this phase's download."""
-        return self._rule("shared")
-
-    @property
-    def uploaded_keys(self) -> list[str]:
-        """Model entries in this phase's upload."""
-        return self._rule("uploaded")
-
-    @property
-    def adopted_keys(self) -> list[str]:
-        """Model entries sent down but not back: every client keeps the received value as its own."""
-        return self._rule("adopted")
-
-    @property
-    def private_keys(self) -> list[str]:
-        """Model entries not sent down this phase: each client uses its own."""
-        return self._rule("private")
+    def extra_upload(self) -> list[TensorSpec]:
+        """Tensors beyond the model each participating client sends back."""
+        return []
 
     def extra_download(self) -> list[TensorSpec]:
         """Tensors beyond the model sent to each participating client."""
-        return []
-
-    def extra_upload(self) -> list[TensorSpec]:
-        """Tensors beyond the model each participating client sends back."""
         return []
 
     def extra_private(self) -> list[TensorSpec]:
         """Tensors beyond the model each client keeps for itself."""
         return []
 
-    def entry_spec(self, entry: StateEntry, name: str = "") -> TensorSpec:
-        """A model entry as it crosses the wire (under ``name``, default its key), marked data-derived
-        when it is a statistic of the client's features rather than a trained parameter."""
-        return TensorSpec(name or entry.key, entry.shape, entry.dtype, derived=self.derived_from_data(entry))
+    def sends_back(self, entry: StateEntry) -> bool:
+        """Among the shared entries, those the clients upload; the others are adopted."""
+        return True
+
+    def phase_of(self, round_index: int) -> int:
+        """The method's stage in a round; the share policy may differ between stages."""
+        return 0
+
+    @property
+    def adopted_keys(self) -> list[str]:
+        """Model entries sent down but not back: every client keeps the received value as its own."""
+        return self._rule("adopted")
 
     def derived_from_data(self, entry: StateEntry) -> str:
         """What of the client's data a model entry is computed from ("" for parameters): normalization
@@ -326,41 +243,25 @@ class Algorithm:
             return "feature statistics of the clients' data (normalization running mean or variance)"
         return ""
 
-    def downloads_head(self) -> bool:
-        """Whether this phase's download holds every classifier entry (what the guiding regularizer needs)."""
-        shared = set(self.shared_keys)
-        return all(e.key in shared for e in self.entries if e.is_head)
+    # ================================================================== 3. server aggregation (rank 0)
+    def aggregate(self, server: ServerState, uploads: Uploads) -> None:
+        """Every uploaded model entry's global value = :meth:`global_value` of its weighted mean (a gathered
+        entry: of the :meth:`combine` of the clients' values)."""
+        weights = self.client_weights(uploads)
+        for key in self.uploaded_keys:
+            combined = (torch.from_numpy(uploads.sums[key]) if key in uploads.sums
+                        else self.combine(key, uploads.tensors[key], weights))
+            value = self.global_value(server, key, combined, uploads)
+            server.model[key] = value.to(server.model[key].dtype)
 
-    def policy(self) -> SharePolicy:
-        """This phase's tensors per direction and those kept by the client."""
-        spec = {e.key: self.entry_spec(e) for e in self.entries}
-        return SharePolicy(download=[spec[k] for k in self.shared_keys] + self.extra_download(),
-                           upload=[spec[k] for k in self.uploaded_keys] + self.extra_upload(),
-                           private=[spec[k] for k in self.private_keys] + self.extra_private(),
-                           gathered=tuple(self.gathered_keys()))
-
-    # ------------------------------------------------------------------ server
     def init_server(self, initial: dict[str, torch.Tensor]) -> ServerState:
         return ServerState(model={k: initial[k].clone() for k in self.shared_keys})
-
-    def download(self, server: ServerState) -> dict[str, torch.Tensor]:
-        """The tensors of :meth:`policy` ``.download``, from the server state."""
-        return {k: server.model[k] for k in self.shared_keys}
-
-    def client_weights(self, uploads: Uploads) -> np.ndarray:
-        """FedAvg weights: proportional to training samples (McMahan et al., eq. 1)."""
-        return uploads.num_samples.astype(np.float64)
 
     def gathered_keys(self) -> list[str]:
         """Uploads whose every client's value :meth:`prepare`, :meth:`combine` or :meth:`aggregate` reads
         (small tensors: statistics, scores, choices); rank 0 receives them whole, O(clients) bytes.  The
         other uploads reach rank 0 only through :meth:`reductions`.  FedAvg: none."""
         return []
-
-    def prepare(self, server: ServerState, uploads: Uploads) -> None:
-        """After the gather, before :meth:`aggregate` (and before :meth:`reductions` where
-        :attr:`reductions_need_results`): ``uploads`` holds the clients' records and gathered entries, no sums
-        yet.  FedAvg: nothing."""
 
     def reductions(self, server: ServerState, uploads: Uploads) -> dict[str, Reduction]:
         """The weighted sums :meth:`aggregate` reads from ``uploads.sums``, by name.  Unless
@@ -372,15 +273,9 @@ class Algorithm:
         p = mean_weights(self.client_weights(uploads)) if summed else None
         return {key: Reduction(key, p) for key in summed}
 
-    def aggregate(self, server: ServerState, uploads: Uploads) -> None:
-        """Every uploaded model entry's global value = :meth:`global_value` of its weighted mean (a gathered
-        entry: of the :meth:`combine` of the clients' values)."""
-        weights = self.client_weights(uploads)
-        for key in self.uploaded_keys:
-            combined = (torch.from_numpy(uploads.sums[key]) if key in uploads.sums
-                        else self.combine(key, uploads.tensors[key], weights))
-            value = self.global_value(server, key, combined, uploads)
-            server.model[key] = value.to(server.model[key].dtype)
+    def download(self, server: ServerState) -> dict[str, torch.Tensor]:
+        """The tensors of :meth:`policy` ``.download``, from the server state."""
+        return {k: server.model[k] for k in self.shared_keys}
 
     def global_value(self, server: ServerState, key: str, combined: torch.Tensor, uploads: Uploads) -> torch.Tensor:
         """The new global value of one entry from its combined client value; ``server.model[key]`` still
@@ -388,83 +283,28 @@ class Algorithm:
         SCAFFOLD's global step; FedDyn) step here."""
         return combined
 
+    def client_weights(self, uploads: Uploads) -> np.ndarray:
+        """FedAvg weights: proportional to training samples (McMahan et al., eq. 1)."""
+        return uploads.num_samples.astype(np.float64)
+
     def combine(self, key: str, values: Sequence[np.ndarray], weights: np.ndarray) -> torch.Tensor:
         """A gathered entry's aggregation rule (:meth:`gathered_keys`); FedAvg: the weighted mean (float64,
         client-id order), the same bits as its reduction."""
         return torch.from_numpy(weighted_mean(values, weights))
 
-    # ------------------------------------------------------------------ client
-    def init_client(self, spec: ClientSpec, initial: dict[str, torch.Tensor]) -> ClientState:
-        """Private state starts from the (seeded, rank-independent) initial model."""
-        private = {k: initial[k].clone() for k in self.private_keys}
-        private.update({s.name: torch.zeros(s.shape, dtype=s.dtype) for s in self.extra_private()})
-        return ClientState(spec=spec, private=private)
+    def prepare(self, server: ServerState, uploads: Uploads) -> None:
+        """After the gather, before :meth:`aggregate` (and before :meth:`reductions` where
+        :attr:`reductions_need_results`): ``uploads`` holds the clients' records and gathered entries, no sums
+        yet.  FedAvg: nothing."""
 
-    def begin_eval(self, model: nn.Module, round_index: int) -> None:
-        """Called on a client rank before it evaluates the models of round ``round_index``
-        (per-round layer settings, e.g. FedNN's temperature, must be those of that round)."""
-
-    def train_mode(self, model: nn.Module) -> None:
-        """Put the model in training mode for local training (a method may put layers in eval mode here)."""
-        model.train()
-
-    def local_epochs(self) -> int:
-        """Local epochs of a round: ``--local-epochs`` (FedRep adds its head epochs)."""
-        return self.cfg.local_epochs
-
-    def trainable(self, entry: StateEntry, epoch: int) -> bool:
-        """Whether parameter ``entry`` trains in local epoch ``epoch`` (from 0) of a round; a frozen one gets no
-        gradient, so the optimizer leaves it as it is (no step, no weight decay).  Applied by the local loop
-        before every epoch.  Default: every parameter trains."""
-        return True
-
-    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        """A fresh local optimizer at learning rate ``lr`` (the runtime passes the round's :attr:`lr`):
-        ``--optimizer`` with ``--momentum``, ``--weight-decay`` (:func:`~mpifl.plan.optim.build_optimizer`).
-        With ``--keep-optimizer`` the runtime loads the client's kept state into it, whatever it is."""
-        return build_optimizer(model.parameters(), self.cfg, lr)
-
-    def begin_local(self, client: ClientState, model: nn.Module, download: dict[str, torch.Tensor]) -> None:
-        """Called after the client model is rebuilt, before local training.  Default: with ``--guide-lambda``,
-        hold the downloaded classifier, frozen (:meth:`hold_global_head`); a method overriding it calls
-        ``super()``."""
-        self.hold_global_head(model)
-
-    def hold_global_head(self, model: nn.Module) -> None:
-        """h_g for the round's local training: the model's classifier as loaded, frozen (None when the guide
-        is off)."""
-        self._global_head = frozen_head(model) if self.guide_lambda else None
-
-    def release_global_head(self) -> None:
-        """Called by the runtime when a round's local training is over: later training (a personalization's
-        fine-tuning) is not guided."""
-        self._global_head = None
-
-    def batch_loss(self, client: ClientState, model: nn.Module, x: torch.Tensor,
-                   y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(training objective, logits) of one mini-batch: the task's loss (cross-entropy; Dice for segmentation)
-        of classifier(encode(x)), + :meth:`extra_loss`."""
-        features = model.encode(x)
-        logits = model.classifier(features)
-        return self.plus_extra(self.task.loss(logits, y), client, model, features, logits, y), logits
-
-    def plus_extra(self, loss: torch.Tensor, client: ClientState, model: nn.Module, features: torch.Tensor,
-                   logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``loss`` + :meth:`extra_loss` of the mini-batch (``features``: ``model.encode``'s output)."""
-        extra = self.extra_loss(client, model, features, logits, labels)
-        return loss if extra is None else loss + extra
-
-    def extra_loss(self, client: ClientState, model: nn.Module, features: torch.Tensor,
-                   logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """A term added to the task loss of each mini-batch (None: nothing).  Default: the guiding
-        regularizer lambda L(h_g(features), labels), L the task's loss (``self.task.loss``), while a global head
-        is held; a method overriding it adds ``super()``'s."""
-        if self._global_head is None:
-            return None
-        return guide_loss(self._global_head, self.guide_lambda, features, labels, self.task)
-
-    def after_backward(self, client: ClientState, model: nn.Module) -> None:
-        """Gradient corrections between ``backward()`` and ``optimizer.step()``."""
+    # ================================================================== 4. evaluation
+    @property
+    def global_model_shared(self) -> bool:
+        """Whether every client's global model is one model, so that any rank may score any client's share of
+        its evaluation (:mod:`mpifl.session.evaluation`): by default, when the private model entries are only BN
+        step counters, which a model in evaluation mode does not read.  A method whose :meth:`global_private`
+        replaces its clients' own entries, or whose own entries are the same on every client, says so."""
+        return all(key.endswith("num_batches_tracked") for key in self.private_keys)
 
     def global_private(self, client: ClientState, download: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Values of the unshared model entries when a client evaluates the *global* model.
@@ -475,21 +315,6 @@ class Algorithm:
         """
         return client.private
 
-    @property
-    def global_model_shared(self) -> bool:
-        """Whether every client's global model is one model, so that any rank may score any client's share of
-        its evaluation (:mod:`mpifl.session.evaluation`): by default, when the private model entries are only BN
-        step counters, which a model in evaluation mode does not read.  A method whose :meth:`global_private`
-        replaces its clients' own entries, or whose own entries are the same on every client, says so."""
-        return all(key.endswith("num_batches_tracked") for key in self.private_keys)
-
-    @property
-    def global_eval_per_batch(self) -> bool:
-        """Whether the global model's score of a batch depends on that batch alone.  False for an evaluation that
-        draws random numbers in sequence (FedNN's Gumbel draws, seeded once per client): a client's evaluation
-        then runs whole, on one rank."""
-        return True
-
     def personalize(self, client: ClientState, model: nn.Module, fit) -> None:
         """Turn the loaded personal model (download + the client's private state) into the one evaluated, on
         the client's rank before each personal evaluation (fine-tuning, e.g. FedBABU).  ``fit(optimizer,
@@ -498,17 +323,33 @@ class Algorithm:
         client, round evaluated).  What it changes lasts for this evaluation
         only: the private state is untouched.  Default: evaluate the model as loaded."""
 
-    def score_local(self, client: ClientState, model: nn.Module, moment: str, score) -> None:
-        """Called twice in a client's round: ``moment`` "downloaded" with the model as loaded, before
-        :meth:`begin_local`; "trained" after local training, before :meth:`end_local`.  ``score(split)`` is
-        (summed cross-entropy, correct, count) of the model as it is on one of the client's splits ("train",
-        "val", "test"), evaluated on demand only (FedDG-GA's generalization gaps).  Default: nothing."""
+    def begin_eval(self, model: nn.Module, round_index: int) -> None:
+        """Called on a client rank before it evaluates the models of round ``round_index``
+        (per-round layer settings, e.g. FedNN's temperature, must be those of that round)."""
 
-    def end_local(self, client: ClientState, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The :meth:`extra_upload` tensors after local training (model entries are added by the runtime)."""
-        return {}
+    @property
+    def global_eval_per_batch(self) -> bool:
+        """Whether the global model's score of a batch depends on that batch alone.  False for an evaluation that
+        draws random numbers in sequence (FedNN's Gumbel draws, seeded once per client): a client's evaluation
+        then runs whole, on one rank."""
+        return True
 
-    # ------------------------------------------------------- one-time exchange
+    # ================================================================== 5. one-time set-up
+    def bind_clients(self, clients: Sequence[ClientSpec]) -> None:
+        """The run's logical clients, the same list on every rank; called once when the session is built.
+
+        Sets :attr:`training_ids` (every client but a held-out domain's, in client-id order, the order of
+        one-time exchanges), whose number N a server rule defined over all clients, not only a round's
+        participants, needs (SCAFFOLD's c, FedDyn's h).
+        """
+        self.training_ids = sorted(c.id for c in clients if c.trains)
+
+    @classmethod
+    def adapt_model(cls, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        """The network the method trains, from the one built with its norm kind and ``conv``
+        (called once per rank with the seeded model; inserted layers must hold no random state)."""
+        return model
+
     def setup_exchange(self) -> TensorSpec | None:
         """A tensor every training client contributes once, before round 1 (None: no exchange).
 
@@ -532,3 +373,9 @@ class Algorithm:
         train on them for the whole run (a resumed run rebuilds them).  Default: as loaded; CCST trains on
         stylized copies (``ClientData.with_train``)."""
         return data
+
+    @classmethod
+    def norm_placement(cls, cfg: RunConfig) -> tuple[str, str]:
+        """(where composite norms go, the flag that said it): ``--norm-blocks``
+        (:func:`~mpifl.models.place_composite_norms`)."""
+        return cfg.norm_blocks, "--norm-blocks"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import mpifl
 from mpifl.algorithms import ALGORITHMS
 from mpifl.algorithms.core.base import Algorithm
-from mpifl.algorithms.core.hooks import HOOKS, Hook
+from mpifl.algorithms.core.helpers import AlgorithmHelpers
+from mpifl.algorithms.core.hooks import BY_ROLE, HOOKS, Hook
 
 PACKAGE = Path(mpifl.__file__).parent
 BY_NAME = {hook.name: hook for hook in HOOKS}
@@ -28,9 +30,29 @@ def _function(attribute):
     return attribute if inspect.isfunction(attribute) else None
 
 
+def _public(cls: type) -> list[str]:
+    """The public methods, classmethods and properties ``cls``'s own body defines, in its order."""
+    return [name for name, value in vars(cls).items() if not name.startswith("_") and _function(value) is not None]
+
+
 def _public_interface() -> list[str]:
-    return [name for name, value in vars(Algorithm).items()
-            if not name.startswith("_") and _function(value) is not None]
+    return _public(Algorithm) + _public(AlgorithmHelpers)
+
+
+def sections(cls: type) -> dict[str, list[str]]:
+    """The public methods of ``cls``'s body under each of its section comments (``# ---- role``, ``# ==== 1. role``,
+    up to a colon or a parenthesis), by section, in order; those before the first section under ""."""
+    found: dict[str, list[str]] = {"": []}
+    section = ""
+    for line in textwrap.dedent(inspect.getsource(cls)).splitlines():
+        comment = re.match(r"    # [-=]+ (?:\d\. )?([^:(]+)", line)
+        if comment:
+            section = comment.group(1).strip()
+            found[section] = []
+        definition = re.match(r"    def (\w+)\(", line)
+        if definition and not definition.group(1).startswith("_"):
+            found[section].append(definition.group(1))
+    return found
 
 
 def _method_classes() -> list[type]:
@@ -38,7 +60,7 @@ def _method_classes() -> list[type]:
     seen = {}
     for cls in ALGORITHMS.values():
         for base in cls.__mro__:
-            if base not in (Algorithm, object):
+            if base not in (Algorithm, AlgorithmHelpers, object):
                 seen.setdefault(base, None)
     return list(seen)
 
@@ -75,6 +97,66 @@ def test_the_table_names_every_public_method_of_algorithm_once_and_nothing_else(
     assert set(interface) - set(names) == set(), "public on Algorithm, missing from HOOKS"
     assert set(names) - set(interface) == set(), "in HOOKS, not a method of Algorithm"
     assert all(hook.when for hook in HOOKS)
+
+
+def sections_unlike_the_table(cls: type, kind: str, by_role=None) -> list[str]:
+    """How ``cls``'s body differs from the ``kind`` entries ("hook" or "helper") of ``by_role`` (default
+    :data:`BY_ROLE`): a section per role that has any, in the table's order, each with its names in order."""
+    table = {role: [h.name for h in hooks if h.kind == kind] for role, hooks in (by_role or BY_ROLE).items()}
+    want = {role: names for role, names in table.items() if names}
+    body = sections(cls)
+    before = body.pop("")
+    wrong = [f"before the first section: {before}"] if before else []
+    if list(body) != list(want):
+        wrong.append(f"sections {list(body)}, table's roles {list(want)}")
+    return wrong + [f"{role}: {body[role]}, table: {names}" for role, names in want.items()
+                    if role in body and body[role] != names]
+
+
+def test_algorithms_body_shows_its_hooks_by_role_and_the_helpers_are_apart():
+    assert sections_unlike_the_table(Algorithm, "hook") == [], "Algorithm's body: a section per role of BY_ROLE"
+    assert sections_unlike_the_table(AlgorithmHelpers, "helper") == [], "AlgorithmHelpers' body, by role"
+
+
+def behind(classes, by_role=None) -> dict[str, tuple[str, str]]:
+    """(first, most overridden) hook of each role of ``by_role`` (default :data:`BY_ROLE`) whose first hook
+    ``classes`` override less often than another of its hooks."""
+    count = Counter(hook.name for cls in classes for hook in HOOKS if hook.name in vars(cls))
+    found = {}
+    for role, hooks in (by_role or BY_ROLE).items():
+        most = max((h for h in hooks if h.kind == "hook"), key=lambda h: count[h.name])
+        if count[hooks[0].name] < count[most.name]:
+            found[role] = (hooks[0].name, most.name)
+    return found
+
+
+def test_each_role_starts_with_the_hook_most_methods_override():
+    assert behind(_method_classes()) == {}, "(first, most overridden) by role: move the most overridden first " \
+        "(BY_ROLE, base.py)"
+
+
+def test_the_role_checks_catch_a_helper_among_the_hooks_and_a_rare_hook_first():
+    class Mixed(Algorithm):
+        # ---------------------------------------------------------------- client training
+        def end_local(self, client, model):
+            return {}
+
+        def begin_local(self, client, model, download):
+            super().begin_local(client, model, download)
+
+        def plus_extra(self, loss, *args):
+            return loss
+
+    class Rare(Algorithm):
+        def end_local(self, client, model):
+            return {}
+
+    table = {"client training": (Hook("begin_local", "client", "t"), Hook("end_local", "client", "t"),
+                                 Hook("plus_extra", "internal", "t", kind="helper"))}
+    assert sections_unlike_the_table(Mixed, "hook", table) == [
+        "client training: ['end_local', 'begin_local', 'plus_extra'], table: ['begin_local', 'end_local']"]
+    assert behind([Rare, Mixed], table) == {"client training": ("begin_local", "end_local")}
+    assert behind([Mixed], table) == {}
 
 
 def test_every_override_of_a_chained_hook_calls_super():
