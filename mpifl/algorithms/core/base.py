@@ -150,7 +150,8 @@ class Algorithm:
     def __init_subclass__(cls, **kwargs):
         """Registers a named method; gives every method ``--guide-lambda``, and its :attr:`defaults` to its options."""
         super().__init_subclass__(**kwargs)
-        cls.options = with_defaults(cls.__qualname__, with_guide(cls.__qualname__, cls.options, cls.defaults), cls.defaults)
+        method = cls.__qualname__
+        cls.options = with_defaults(method, with_guide(method, cls.options, cls.defaults), cls.defaults)
         name = cls.__dict__.get("name")
         if name:
             if name in REGISTRY:
