@@ -32,7 +32,7 @@ GUIDE_LAMBDA = Option("guide_lambda", float, 0.0,
                       "segmentation Dice, or (CE + Dice)/2 with --seg-loss dice-ce), h_g the downloaded classifier "
                       "frozen (gPerXAN, Le et al. 2024, eqs. 3-4); for any method whose download holds the "
                       "classifier, refused in one line by the others; 0 = off")
-HERE = "mpifl/algorithms/core/options.py"
+DECLARATIONS_FILE = "mpifl/algorithms/core/options.py"
 
 
 def with_defaults(method: str, options: tuple[Option, ...], defaults: Mapping[str, Any]) -> tuple[Option, ...]:
@@ -41,7 +41,8 @@ def with_defaults(method: str, options: tuple[Option, ...], defaults: Mapping[st
     stray = sorted(set(defaults) - {o.name for o in options})
     if stray:
         raise TypeError(f"{method}: defaults names {', '.join(stray)}, which are not among its options; add the "
-                        f"option(s) to its options (the shared ones are in {HERE}) or drop them from defaults")
+                        f"option(s) to its options (the shared ones are in {DECLARATIONS_FILE}) or drop them from "
+                        "defaults")
     return tuple(replace(o, default=defaults[o.name]) if o.name in defaults else o for o in options)
 
 
@@ -68,6 +69,6 @@ def _one_declaration(entries: list[tuple[str, Option, bool]]) -> Option:
     for other, option, own_default in entries:
         if not agrees(option, first, own_default):
             raise TypeError(f"option {option.flag} is declared twice, differently, by {method} ({first}) and by "
-                            f"{other} ({option}); declare it once ({HERE} holds the shared ones), import that "
-                            "declaration, and give a method's own default in its `defaults`")
+                            f"{other} ({option}); declare it once ({DECLARATIONS_FILE} holds the shared ones), "
+                            "import that declaration, and give a method's own default in its `defaults`")
     return first
