@@ -1,15 +1,18 @@
 """Registry of federated algorithms, keyed by their ``--algo`` name.
 
 Every module of this package is imported here; each :class:`~mpifl.algorithms.core.base.Algorithm` subclass
-with a ``name`` registers itself, so a new method is one new file.
+with a ``name`` registers itself, so a new method is one new file.  An option several methods take is declared
+once (:mod:`.core.options`): loading refuses two different declarations of one name.
 """
 
 import importlib
 import pkgutil
 
 from ..errors import MpiflError
+from ..plan.config import Option
 from ..transport.share import SharePolicy
 from .core.base import REGISTRY, Algorithm
+from .core.options import declarations
 from .core.reduction import Folding, Reduction, weighted_mean
 from .core.state import ClientState, ServerState, Uploads
 
@@ -26,15 +29,12 @@ def get_algorithm(name: str) -> type[Algorithm]:
         raise MpiflError(f"unknown algorithm '{name}'; choose one of: {', '.join(ALGORITHMS)}") from None
 
 
-def all_options() -> dict:
-    """Every method-specific option, by name (same-named options must agree on type)."""
-    merged = {}
-    for cls in ALGORITHMS.values():
-        for opt in cls.options:
-            if opt.name in merged and merged[opt.name].type is not opt.type:
-                raise TypeError(f"option {opt.name} declared with two types")
-            merged.setdefault(opt.name, opt)
-    return merged
+def all_options() -> dict[str, Option]:
+    """Every method-specific option, by name: its one declaration (:func:`~.core.options.declarations`)."""
+    return declarations(ALGORITHMS)
+
+
+all_options()  # two methods declaring one option differently stop the methods from loading
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "ClientState", "Folding", "Reduction", "ServerState", "SharePolicy", "Uploads",

@@ -13,17 +13,16 @@ README).  m and v stay on the server; the wire is FedAvg's.
 Evaluates the global model.
 """
 
-from dataclasses import replace
-
-from .core.deltas import SERVER_LR
-from .core.server_opt import BETA1, TAU, AdaptiveServerOptimizer
+from .core.options import BETA1, SERVER_LR, TAU
+from .core.server_opt import AdaptiveServerOptimizer
 from .fedavg import FedAvg
 
 
 class FedAdagrad(AdaptiveServerOptimizer, FedAvg):
     name = "fedadagrad"
     summary = "FedAdagrad: Adagrad on the server over the averaged update (m, v kept on the server)"
-    options = FedAvg.options + (replace(SERVER_LR, default=1e-1), replace(BETA1, default=0.0), TAU)
+    options = FedAvg.options + (SERVER_LR, BETA1, TAU)
+    defaults = {"server_lr": 1e-1, "beta1": 0.0}
 
     def second_moment(self, v, squared):
         return v + squared

@@ -12,17 +12,16 @@ CIFAR-100 with tau 0.1).  m and v stay on the server; the wire is FedAvg's.
 Evaluates the global model.
 """
 
-from dataclasses import replace
-
-from .core.deltas import SERVER_LR
-from .core.server_opt import BETA1, BETA2, TAU, AdaptiveServerOptimizer
+from .core.options import BETA1, BETA2, SERVER_LR, TAU
+from .core.server_opt import AdaptiveServerOptimizer
 from .fedavg import FedAvg
 
 
 class FedAdam(AdaptiveServerOptimizer, FedAvg):
     name = "fedadam"
     summary = "FedAdam: Adam on the server over the averaged update (m, v kept on the server)"
-    options = FedAvg.options + (replace(SERVER_LR, default=1e-2), BETA1, BETA2, TAU)
+    options = FedAvg.options + (SERVER_LR, BETA1, BETA2, TAU)
+    defaults = {"server_lr": 1e-2}
 
     def second_moment(self, v, squared):
         beta2 = self.cfg.opt("beta2")

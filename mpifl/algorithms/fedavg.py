@@ -8,15 +8,14 @@ averages Digits-Five clients uniformly).  Evaluates the global model.
 
 import numpy as np
 
-from ..plan.config import Option
 from .core.base import Algorithm, Uploads
+from .core.options import UNIFORM_WEIGHTS
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg: average the whole model, weighted by sample count"
-    options = (Option("uniform_weights", bool, False,
-                      "weight clients equally in the average instead of by sample count"),)
+    options = (UNIFORM_WEIGHTS,)
 
     def client_weights(self, uploads: Uploads) -> np.ndarray:
         if self.cfg.opt("uniform_weights"):

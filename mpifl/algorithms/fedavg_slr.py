@@ -11,7 +11,7 @@ bit).  eta on trainable parameters only; BN running statistics are averaged.
 No server state; the wire is FedAvg's.  Evaluates the global model.
 """
 
-from .core.deltas import SERVER_LR
+from .core.options import SERVER_LR
 from .core.server_opt import ServerOptimizer
 from .fedavg import FedAvg
 

@@ -24,7 +24,7 @@ parameters only; BN running statistics are averaged as in FedAvg,
 from __future__ import annotations
 
 from ..plan.config import Option
-from .core.deltas import SERVER_LR
+from .core.options import SERVER_LR
 from .core.server_opt import ServerOptimizer, check_decay
 from .fedavg import FedAvg
 

@@ -81,7 +81,6 @@ import torch
 from ..errors import MpiflError
 from ..plan.config import Option
 from .core.deltas import (
-    ALPHA,
     add_to_grads,
     local_steps,
     parameters,
@@ -89,6 +88,7 @@ from .core.deltas import (
     trainable_keys,
     trainable_specs,
 )
+from .core.options import ALPHA
 from .core.reduction import Reduction, mean_weights
 from .fedavg import FedAvg
 

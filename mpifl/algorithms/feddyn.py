@@ -66,13 +66,13 @@ import torch
 from ..errors import MpiflError
 from ..plan.config import Option
 from .core.deltas import (
-    ALPHA,
     add_to_grads,
     parameters,
     trainable_keys,
     trainable_specs,
     training_share,
 )
+from .core.options import ALPHA
 from .core.reduction import Reduction
 from .fedavg import FedAvg
 

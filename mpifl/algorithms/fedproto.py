@@ -30,7 +30,7 @@ Clients exchange class prototypes instead of weights (section 3):
   averaged over the mini-batch's B x D entries (``nn.MSELoss``); a sample
   whose class has no global prototype contributes 0 to the sum (the code
   compares it with itself), and round 1 has no term.  ``lambda`` is ``--mu``
-  (FedProx's option name, same type), default 1: FedRDN's appendix A.2 ("We
+  (FedProx's option, :mod:`~mpifl.algorithms.core.options`), default 1: FedRDN's appendix A.2 ("We
   empirically set mu to 0.001 for FedProx and 1 for FedProto").
 * **Which features make the prototypes** (``--proto-epochs``): those of the
   local training pass itself, computed in training mode and detached.
@@ -53,6 +53,7 @@ from ..errors import MpiflError
 from ..plan.config import Option
 from ..transport.wire import TensorSpec
 from .core.deltas import local_steps
+from .core.options import MU
 from .fedavg import FedAvg
 
 PROTOS, COUNTS, PRESENT = "fedproto.protos", "fedproto.counts", "fedproto.present"
@@ -85,9 +86,10 @@ class FedProto(FedAvg):
     summary = "FedProto: models stay local, class prototypes (mean features) are averaged and regularize"
     classification_only = "averages class prototypes, one mean feature per class of the images"
     evaluates = ("personal",)
-    options = (Option("mu", float, 1.0, "FedProto: weight lambda of the prototype loss"),  # no model is averaged
+    options = (MU,  # no model is averaged: no --uniform-weights
                Option("proto_epochs", str, "last", "FedProto: local epochs whose features make the prototypes: "
                       "last (authors' code) or all", choices=PROTO_EPOCHS))
+    defaults = {"mu": 1.0}  # FedRDN's appendix A.2 (above)
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)

@@ -11,14 +11,14 @@ DomainNet; FedRDN's appendix uses 1e-3).
 import torch
 
 from ..errors import MpiflError
-from ..plan.config import Option
+from .core.options import MU
 from .fedavg import FedAvg
 
 
 class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: FedAvg with proximal term mu/2 ||w - w_global||^2"
-    options = FedAvg.options + (Option("mu", float, 0.01, "proximal term weight mu"),)
+    options = FedAvg.options + (MU,)
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)

@@ -82,7 +82,7 @@ class GPerXAN(HeldOutAverage, FedAvg):
     norms = ("perxan", "ibn", "dson")
     norms_because = "keeps the BN side of composite norm layers personal, which only these kinds have"
     selects_by = "local-val"
-    default_guide_lambda = 0.5
+    defaults = {"guide_lambda": 0.5}  # the authors' code
     options = FedAvg.options + (
         Option("perxan_blocks", str, "auto", "PerXAN in the stem and the first N stages, plain shared BN after "
                "(auto: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17); "

@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import torch
 
-from .core.deltas import SERVER_LR, add_to_grads, parameters, solver_norm, trainable_specs, training_share
+from .core.deltas import add_to_grads, parameters, solver_norm, trainable_specs, training_share
+from .core.options import SERVER_LR
 from .core.reduction import Reduction
 from .core.server_opt import ServerOptimizer
 from .fedavg import FedAvg

@@ -76,6 +76,15 @@ def local_round(algo, model, client, download, steps, loss_fn=None, batch=None):
     return {k: v.detach().numpy().copy() for k, v in upload.items()}
 
 
+def own_options(algo: str, style_model) -> tuple[str, ...]:
+    """What a method needs in the small runs of the tests (``test_registry``'s round of every method, ``test_run``'s
+    two): a staged one stays in its first stage; FedBABU fine-tunes 1 epoch, not 5, before each of its personal
+    evaluations; CCST gets random AdaIN weights and, since a VGG pass per image is slow on a CPU, 32 images per
+    client in one version each."""
+    return {"fixbn": ("--fixbn-stage-rounds", "2"), "fedbabu": ("--fedbabu-finetune-epochs", "1"),
+            "ccst": ("--style-model", str(style_model), "--ccst-k", "1", "--samples-per-client", "32")}.get(algo, ())
+
+
 def run_two_rounds(data_root, run, algo, *extra):
     """A real run of two rounds in this process (the in-process transport), 10 clients at fraction 0.5 (partial participation), into ``run``."""
     job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--out", str(run), "--algo", algo,

@@ -1,5 +1,7 @@
-"""The registry fills itself from the method files, and README's algorithm table matches it."""
+"""The registry fills itself from the method files, README's algorithm table matches it, and the quick loop
+trains every method it holds for a round."""
 
+import math
 import re
 
 import pytest
@@ -8,7 +10,8 @@ from mpifl.algorithms import ALGORITHMS, get_algorithm
 from mpifl.algorithms.core.base import Algorithm
 from mpifl.errors import MpiflError
 
-from ..conftest import REPO
+from ..conftest import REPO, read_metrics, run_here
+from .helpers import own_options
 
 
 def _readme_algorithms() -> list[str]:
@@ -49,3 +52,15 @@ def test_a_subclass_with_a_name_registers_itself_and_a_second_of_that_name_is_re
 def test_unknown_algorithm_is_one_line_naming_the_choices():
     with pytest.raises(MpiflError, match=r"^unknown algorithm 'nope'; choose one of: [a-z, -]*\bfedavg, [a-z, -]*$"):
         get_algorithm("nope")
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_every_registered_method_trains_one_round(data_root, style_model, tmp_path, algo):
+    """A new method runs in the quick loop (``-m 'not slow'``) as soon as its file exists: one round in this
+    process, 5 clients of 8 images, one thread (tests/job/test_run.py's slow runs check bytes and learning)."""
+    job = run_here("--data-root", str(data_root), "--model", "smallcnn", "--out", str(tmp_path / "run"), "--algo",
+                   algo, "--rounds", "1", "--threads", "1", *own_options(algo, style_model),
+                   "--samples-per-client", "8", "--batch-size", "4")  # the last of a flag given twice counts
+    assert job.returncode == 0, job.stderr
+    [record] = read_metrics(tmp_path / "run")
+    assert record["round"] == 1 and math.isfinite(record["train"]["loss"]), record

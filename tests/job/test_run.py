@@ -11,6 +11,7 @@ import pytest
 
 from mpifl.algorithms import ALGORITHMS
 
+from ..algorithms.helpers import own_options
 from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
 
 pytestmark = pytest.mark.slow
@@ -174,19 +175,11 @@ def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
     assert "| best source val |" in (tmp_path / "lodo" / "summary.md").read_text()
 
 
-def _own_options(algo: str, style_model) -> tuple[str, ...]:
-    """What a method needs here: a staged one stays in its first stage; FedBABU fine-tunes 1 epoch, not 5, before
-    each of its 10 personal evaluations; CCST gets random AdaIN weights and,
-    since a VGG pass per image is slow on a CPU, 32 images per client in one version each."""
-    return {"fixbn": ("--fixbn-stage-rounds", "2"), "fedbabu": ("--fedbabu-finetune-epochs", "1"),
-            "ccst": ("--style-model", str(style_model), "--ccst-k", "1", "--samples-per-client", "32")}.get(algo, ())
-
-
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_root, style_model, tmp_path, algo):
     """10 clients, half of them per round: partial participation for every method, in one process."""
     run = tmp_path / algo
-    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", *_own_options(algo, style_model))
+    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", *own_options(algo, style_model))
     job = run_here(*_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling))
     assert job.returncode == 0, job.stderr
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))

@@ -17,7 +17,7 @@ the method files and the runtime).  What a method states through them, by role:
   what goes up beyond the model), and per-round schedules (:meth:`begin_round`);
 * **the guiding regularizer** (``--guide-lambda``, :mod:`mpifl.algorithms.core.guide`), which every method
   takes: :meth:`begin_local` holds the downloaded classifier, frozen, and :meth:`extra_loss` adds
-  lambda L(h_g(features), y), L the task's loss; a method sets :attr:`default_guide_lambda` (gPerXAN: 0.5);
+  lambda L(h_g(features), y), L the task's loss; its default is 0 but gPerXAN's 0.5 (its :attr:`defaults`);
 * **its share policy, as data** (upload): which model state entries go down
   (:meth:`shares`) and which of those come back up (:meth:`sends_back`),
   and tensors beyond the model (:meth:`extra_download`, :meth:`extra_upload`,
@@ -52,7 +52,7 @@ attributes of the method: those two are what a checkpoint saves.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -65,8 +65,9 @@ from ...plan.config import Option, RunConfig
 from ...plan.optim import build_optimizer
 from ...plan.task import CLASSIFICATION, Task
 from ...transport.wire import TensorSpec
-from .guide import NAME as GUIDE, guide_loss, with_guide
+from .guide import guide_loss, with_guide
 from .helpers import AlgorithmHelpers
+from .options import GUIDE_LAMBDA, with_defaults
 from .reduction import Reduction, mean_weights, weighted_mean
 from .state import ClientState, ServerState, Uploads
 
@@ -104,8 +105,9 @@ class Algorithm(AlgorithmHelpers):
     #: the method's rule assumes each round's local optimizer starts from zero state (FedNova's a_K,
     #: ``deltas.solver_norm``), so ``--keep-optimizer`` is refused for it
     fresh_optimizer: ClassVar[bool] = False
-    #: the default of ``--guide-lambda``, the guiding regularizer's weight (:mod:`mpifl.algorithms.core.guide`)
-    default_guide_lambda: ClassVar[float] = 0.0
+    #: the method's own default of an option it takes, by name, where it differs from the option's declared one
+    #: (FedAdam: ``{"server_lr": 1e-2}``; :mod:`mpifl.algorithms.core.options`)
+    defaults: ClassVar[dict[str, Any]] = {}
     #: why the method's rule needs a class per image ("" for a task-agnostic method): it refuses a segmentation
     #: task with it
     classification_only: ClassVar[str] = ""
@@ -116,9 +118,10 @@ class Algorithm(AlgorithmHelpers):
     reductions_need_results: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
-        """Registers a named method, and gives every method ``--guide-lambda`` at its :attr:`default_guide_lambda`."""
+        """Registers a named method; gives every method ``--guide-lambda``, and its :attr:`defaults` to its options."""
         super().__init_subclass__(**kwargs)
-        cls.options = with_guide(cls.options, cls.default_guide_lambda)
+        method = cls.__qualname__
+        cls.options = with_defaults(method, with_guide(method, cls.options, cls.defaults), cls.defaults)
         name = cls.__dict__.get("name")
         if name:
             if name in REGISTRY:
@@ -137,8 +140,9 @@ class Algorithm(AlgorithmHelpers):
         self.lr = cfg.lr  # the local learning rate of the round entered (--lr-schedule)
         self._keys: dict[int, dict[str, list[str]]] = {}
         self.training_ids: list[int] = []  # the training clients' ids, ascending, set by bind_clients
-        # a RunConfig built in code may leave the option out: the method's default
-        self.guide_lambda: float = cfg.algo_options.get(GUIDE, self.default_guide_lambda)
+        # a RunConfig built in code may leave the option out: the method's default (its options carry its defaults)
+        guide = next(o for o in self.options if o.name == GUIDE_LAMBDA.name)
+        self.guide_lambda: float = cfg.algo_options.get(guide.name, guide.default)
         self._global_head: nn.Module | None = None  # h_g of the round being trained (guiding regularizer)
         self.task: Task = CLASSIFICATION  # the dataset's (bind_task)
 

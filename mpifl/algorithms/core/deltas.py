@@ -19,14 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import MpiflError
-from ...plan.config import Option
 from ...transport.wire import TensorSpec
-
-SERVER_LR = Option("server_lr", float, 1.0,
-                   "server (global) learning rate: x <- x + server_lr * (aggregated update)")
-ALPHA = Option("alpha", float, 0.01,
-               "regularization weight alpha (FedDyn: dynamic regularizer; FedDC: drift penalty)")
-
 
 def check_server_lr(cfg) -> None:
     """``--server-lr`` is a step size: above 0 (at 0 the global model never moves, below it moves uphill)."""

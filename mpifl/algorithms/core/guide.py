@@ -29,13 +29,15 @@ method.
   share policy when the run is built); for the others (FedPer, FedRep, FedBABU, SingleSet, FedProto, ...)
   there is no global head and ``--guide-lambda > 0`` is refused in one line.
 * **Default**: 0 (off) for every method but gPerXAN, whose default 0.5 is its authors' code (the paper
-  searches lambda in [0, 1] in steps of 0.25); a method sets :attr:`Algorithm.default_guide_lambda`.
+  searches lambda in [0, 1] in steps of 0.25), set in its ``defaults`` (:mod:`mpifl.algorithms.core.options`
+  declares the option).
   Nothing crosses the wire for it: ``--show-manifest`` is unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -43,21 +45,17 @@ from torch import nn
 from ...errors import MpiflError
 from ...plan.config import Option
 from ...plan.task import Task
-
-NAME = "guide_lambda"  # the option every method takes (Algorithm.__init_subclass__)
-
-
-def guide_option(default: float) -> Option:
-    """``--guide-lambda`` with a method's default."""
-    return Option(NAME, float, default, "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the "
-                  "task's loss (CE; on segmentation Dice, or (CE + Dice)/2 with --seg-loss dice-ce), h_g the "
-                  "downloaded classifier frozen (gPerXAN, Le et al. 2024, eqs. 3-4); for any method whose download "
-                  "holds the classifier, refused in one line by the others; 0 = off")
+from .options import GUIDE_LAMBDA, agrees
 
 
-def with_guide(options: tuple[Option, ...], default: float) -> tuple[Option, ...]:
-    """``options`` with ``--guide-lambda`` last, at ``default`` (any earlier declaration of it replaced)."""
-    return tuple(o for o in options if o.name != NAME) + (guide_option(default),)
+def with_guide(method: str, options: tuple[Option, ...], defaults: Mapping[str, Any]) -> tuple[Option, ...]:
+    """``options`` with ``--guide-lambda``, the option every method takes (Algorithm.__init_subclass__), last: one
+    among them (inherited with a parent's options) moves there; one declared otherwise is refused."""
+    for option in options:
+        if option.name == GUIDE_LAMBDA.name and not agrees(option, GUIDE_LAMBDA, GUIDE_LAMBDA.name in defaults):
+            raise TypeError(f"{method}: its --guide-lambda ({option}) is not the one every method takes; drop it "
+                            f"(every method has it) and give its default in the method's defaults")
+    return tuple(o for o in options if o.name != GUIDE_LAMBDA.name) + (GUIDE_LAMBDA,)
 
 
 def frozen_head(model: nn.Module) -> nn.Module:

@@ -24,15 +24,9 @@ from typing import ClassVar
 import torch
 
 from ...errors import MpiflError
-from ...plan.config import Option
 from .base import Algorithm
 from .deltas import check_server_lr, trainable_keys
-
-BETA1 = Option("beta1", float, 0.9, "server first-moment decay: m <- beta1 m + (1 - beta1) Delta")
-BETA2 = Option("beta2", float, 0.99, "server second-moment decay: v <- beta2 v + (1 - beta2) Delta^2 (Yogi: "
-               "v <- v - (1 - beta2) Delta^2 sign(v - Delta^2))")
-TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2")
-
+from .options import BETA1, BETA2
 
 def check_decay(cfg, name: str) -> None:
     """A decay rate is in [0, 1): at 1 and above the state never forgets (momentum: the model runs away)."""
