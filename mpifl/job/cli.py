@@ -43,8 +43,8 @@ _HELP = {
     "norm_blocks": "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all for perxan and "
                    "dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet block bn1, "
                    "every third DenseNet norm1, MobileNetV2 each block's first norm, plain CNNs and U-Net every conv "
-                   "norm; the stem stays BN), all, or N (the stem and the first N stages); gperxan's "
-                   "--perxan-blocks is the same",
+                   "norm; the stem stays BN), all, N (the stem and the first N stages) or N-nostem (those stages "
+                   "without the stem); gperxan's --perxan-blocks is the same",
     "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
                   "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
                   "then normalized with ImageNet's mean and std (--input-norm auto)",
