@@ -102,10 +102,12 @@ _HELP = {
                  "loader) or raw (the stored training images)",
     "train_transforms": "training augmentations, in batch on the device before normalization, per-image "
                         "parameters from the client's seeded generator: comma list of flip, rotate (+-30 deg, "
-                        "nearest pixel, FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
+                        "nearest pixel, FedBN), rot90-flip (k x 90 deg, k in 0..4, then p 0.75 a "
+                        "top-bottom, left-right or both flip: HarmoFL's and FedFA's prostate loaders; square "
+                        "images), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
                         "0.4), jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none; on a "
-                        "segmentation task flip, rotate and crop move each mask with its image (rotation fills it "
-                        "with background 0, crop reflects it), colour jitters leave masks alone",
+                        "segmentation task flip, rotate, rot90-flip and crop move each mask with its image "
+                        "(rotation fills it with background 0, crop reflects it), colour jitters leave masks alone",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
     "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "

@@ -218,3 +218,7 @@ def test_gperxan_camelyon17_puts_perxan_in_the_first_dense_block_and_its_transit
              for n in ("norm0", "denseblock1.denselayer6.norm2", "transition1.norm", "denseblock2.denselayer1.norm1")]
     assert kinds == ["BatchNorm2d", "PerXAN", "PerXAN", "BatchNorm2d"]
 
+
+def test_prostate_augments_as_fedfas_and_harmofls_loaders():
+    """pyfed/dataset/dataset.py and utils/dataset.py, Prostate.__getitem__: RandomRotate90, then RandomFlip."""
+    assert load_preset("fedrdn-t2-prostate").options["train_transforms"] == "rot90-flip"
