@@ -37,7 +37,7 @@ stays personal).  Other kinds have no BN side and are refused.
 global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient),
 and ``l`` the one base loss of both terms: the task's (cross-entropy, as the
-authors' code; the Dice loss, or (CE + Dice) / 2, on a segmentation task).
+authors' code; the run's ``--seg-loss`` on a segmentation task).
 It is the plug-in every method takes (:mod:`mpifl.algorithms.core.guide`), on here
 by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
 paper searches [0, 1] in steps of 0.25).

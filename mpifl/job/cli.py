@@ -54,8 +54,11 @@ _HELP = {
     "lr": "local learning rate (of round 1, before --lr-schedule)",
     "momentum": "local SGD momentum (--optimizer sgd; the buffers are fresh each round unless --keep-optimizer)",
     "weight_decay": "local weight decay (an L2 term in the gradient)",
-    "seg_loss": "training loss of a segmentation dataset: dice (FedRDN's paper) or dice-ce, (CE + Dice) / 2 (the "
-                "HarmoFL and FedFA prostate code); a classification dataset trains with cross-entropy",
+    "seg_loss": "training loss of a segmentation dataset, one for every method of a run: dice (softmax over all "
+                "classes, background included; FedRDN's paper), dice-ce, (CE + Dice) / 2 (the HarmoFL and FedFA "
+                "prostate code), or sigmoid-dice (ELCFS's code: a sigmoid head of the foreground classes only, Dice "
+                "averaged over them, no CE; a pixel is foreground above 0.75); the Dice score counts every class "
+                "whatever the loss; a classification dataset trains with cross-entropy",
     "optimizer": "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation setting: --lr 1e-3 "
                  "--weight-decay 1e-4; --momentum is refused with it)",
     "lr_schedule": "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp (lr gamma^(r-1); "

@@ -22,7 +22,7 @@ from ..models.norm import NORM_KINDS
 from .normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 
 OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
-SEG_LOSSES = ("dice", "dice-ce")  # --seg-loss (mpifl.plan.task)
+SEG_LOSSES = ("dice", "dice-ce", "sigmoid-dice")  # --seg-loss (mpifl.plan.task.SEGMENTATION_BY_LOSS)
 LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
 #: --train-transforms, in the order they apply (mpifl.client.transforms; FedBN: flip, then rotate)
 TRANSFORMS = ("flip", "rotate", "rot90-flip", "crop", "jitter", "jitter-hue")
