@@ -36,8 +36,8 @@ on their own images and on those images carrying other clients' amplitude spectr
   normalized again.  ``--aug fedrdn`` draws another normalization per mini-batch, which cannot be undone
   from the batch, and is refused.
 * **Episodic meta-learning** (sec. 3.3): with the run's task loss L (:mod:`mpifl.plan.task`: cross-entropy
-  on a classification task; on a segmentation task the Dice loss, or (CE + Dice) / 2 with ``--seg-loss
-  dice-ce``; the authors' code uses its Dice loss for both terms), inner lr beta =
+  on a classification task; on a segmentation task the run's ``--seg-loss``, shared by every method of a
+  comparison: by default the softmax Dice over all classes, background included), inner lr beta =
   ``--elcfs-inner-lr`` (1e-3, the code's ``meta_step_size``) and the code's clamp of every inner gradient
   to [-g_max, g_max], g_max = ``--elcfs-clip`` (100, its ``clip_value``)::
 
@@ -53,6 +53,13 @@ on their own images and on those images carrying other clients' amplitude spectr
   (:mod:`mpifl.algorithms.core.boundary`: NT-Xent of contour against background-band embeddings of the
   meta-train and meta-test features), gamma = ``--elcfs-boundary-weight`` (0.1, the code's), temperature
   ``--elcfs-temperature`` (0.05, the code's).
+* **The authors' loss** (``--seg-loss sigmoid-dice``): their code (``utils/losses.py`` ``dice_loss``,
+  ``networks/unet2d.py``) trains both terms with a soft Dice of sigmoid outputs over the foreground channels
+  only (no background channel, smoothing 1e-5, the batch summed per channel, the channels averaged, no CE) and
+  predicts a pixel above 0.75 (:mod:`mpifl.plan.segmentation`).  ``--seg-loss`` is one run option, not
+  ELCFS's, because every method of a comparison trains with the one loss; no preset runs ELCFS on a
+  segmentation table (its gPerXAN rows are classification), so none sets it: pass it to run ELCFS as its
+  authors ran it, and give every compared method the same flag.
 * **Everything else is FedAvg** (the code's weighted average of the whole model); the global model is
   evaluated.  The paper's optimizer (Adam, lr 1e-3) is ``--optimizer``/``--lr``'s business.
 """
@@ -232,7 +239,7 @@ class ELCFS(FedAvg):
         loss = self.task_loss(logits, y)
         gamma = self.cfg.opt("elcfs_boundary_weight")
         if self.task.name == "segmentation" and gamma:
-            loss = loss + gamma * boundary_loss(features, moved[0], y, logits.shape[1],
+            loss = loss + gamma * boundary_loss(features, moved[0], y, self.task.classes(logits),
                                                 self.cfg.opt("elcfs_temperature"))
         return loss
 

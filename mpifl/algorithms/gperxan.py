@@ -12,11 +12,13 @@ gPerXAN).**  The paper (section 4.2) replaces BN only in the first blocks:
 the first four of ResNet-50 on PACS, the first two on Office-Home, the first
 dense block and its transition on Camelyon17 (DenseNet-121).  The authors'
 public code builds ``resnet50(norm_layer=<PerXAN>)``, which replaces every
-BN; that is the default (``auto``, which is ``all`` for PerXAN).  ``N`` keeps
-PerXAN in the stem and the first ``N`` stages of
-:func:`~mpifl.models.surgery.stage_outputs` (ResNet ``layer1..layerN``;
-DenseNet dense block k with transition k) and turns the later ones back into
-plain ``BatchNorm2d`` (:func:`~mpifl.models.surgery.place_composite_norms`,
+BN, stem included; that is the default (``auto``, which is ``all`` for
+PerXAN); it has no DenseNet.  ``N`` keeps PerXAN in the stem and the first
+``N`` stages of :func:`~mpifl.models.surgery.stage_outputs` (ResNet
+``layer1..layerN``; DenseNet dense block k with transition k), ``N-nostem``
+in those stages only (DenseNet's ``norm0`` plain: the paper's Camelyon17
+rule, the ``gperxan-t3-camelyon17`` preset's ``1-nostem``), and turns the
+others back into plain ``BatchNorm2d`` (:func:`~mpifl.models.surgery.place_composite_norms`,
 the one placement rule of every composite norm; ``--norm-blocks``, when
 given, wins over ``--perxan-blocks``).  Those plain BN layers are
 **shared**: weight, bias and running statistics averaged like every other
@@ -35,7 +37,7 @@ stays personal).  Other kinds have no BN side and are refused.
 global classifier received this round, frozen (a copy taken when the round's
 download arrives, so only the feature extractor ``g_i`` gets its gradient),
 and ``l`` the one base loss of both terms: the task's (cross-entropy, as the
-authors' code; the Dice loss, or (CE + Dice) / 2, on a segmentation task).
+authors' code; the run's ``--seg-loss`` on a segmentation task).
 It is the plug-in every method takes (:mod:`mpifl.algorithms.core.guide`), on here
 by default: ``--guide-lambda`` defaults to 0.5, the authors' public code (the
 paper searches [0, 1] in steps of 0.25).
@@ -84,9 +86,9 @@ class GPerXAN(HeldOutAverage, FedAvg):
     selects_by = "local-val"
     defaults = {"guide_lambda": 0.5}  # the authors' code
     options = FedAvg.options + (
-        Option("perxan_blocks", str, "auto", "PerXAN in the stem and the first N stages, plain shared BN after "
-               "(auto: every BN layer, the authors' code; paper: 4 PACS, 2 Office-Home, 1 Camelyon17); "
-               "--norm-blocks, when given, wins"),
+        Option("perxan_blocks", str, "auto", "PerXAN in the stem and the first N stages (N-nostem: those stages "
+               "without the stem), plain shared BN elsewhere (auto: every BN layer, the authors' code; paper: 4 "
+               "PACS, 2 Office-Home, 1-nostem Camelyon17); --norm-blocks, when given, wins"),
     )
 
     @classmethod

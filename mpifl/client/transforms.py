@@ -1,4 +1,5 @@
-"""``--train-transforms flip,rotate,crop,jitter,jitter-hue``: training augmentations done in batch on the device.
+"""``--train-transforms flip,rotate,rot90-flip,crop,jitter,jitter-hue``: training augmentations done in batch on the
+device.
 
 Each acts on a whole mini-batch of float pixels in [0, 255] (N, C, H, W),
 before normalization, with per-image random parameters drawn from the
@@ -11,6 +12,15 @@ trains the client), and no per-image Python work:
   degrees, nearest pixel, zero fill outside the image (FedBN's public code,
   ``RandomRotation((-30, 30))``, which FedWon follows on Office-Caltech-10
   and DomainNet; positive angles counter-clockwise, as torchvision);
+* ``rot90-flip``: the prostate MRI loaders of HarmoFL's code (Jiang, Wang & Dou, AAAI 2022:
+  ``utils/dataset.py``) and FedFA's code (Zhou & Konukoglu, ICLR 2023: ``pyfed/dataset/dataset.py``), which
+  agree: every image is first turned counter-clockwise by k x 90 degrees (``RandomRotate90``: p 1,
+  ``np.rot90(img, random.randint(0, 4))`` on the H x W x C slice, k uniform in 0..4 inclusive, so no turn
+  with probability 2/5), then with probability 3/4 flipped (``RandomFlip``: p 0.75, ``cv2.flip(img, d)``,
+  d uniform in -1, 0, 1): d = 0 reverses the rows (top-bottom), d = 1 the columns (left-right), d = -1 both
+  (a half turn).  The "one of three axes" are these three flip codes of the slice's two image axes; the
+  channel axis (the slice and its two neighbours) is never flipped.  Needs square images (the prostate
+  slices are 384 x 384);
 * ``crop``: pad each side by ``max(1, round(size / 8))`` pixels (4 at 32 px,
   torchvision's ``RandomCrop(32, padding=4)`` of CIFAR training), reflecting
   the border, and cut a random window of the original size;
@@ -25,7 +35,7 @@ trains the client), and no per-image Python work:
   saturation and hue), in that fixed order, clamped to [0, 255].
 
 A segmentation batch's masks (N, H, W) move with their images: ``flip``,
-``rotate`` and ``crop`` are geometric and apply each image's drawn flip,
+``rotate``, ``rot90-flip`` and ``crop`` are geometric and apply each image's drawn flip,
 angle or window to its mask too, by nearest pixel, so labels stay in the
 label set; what the image fills, the mask fills alike (``rotate``: 0,
 background; ``crop``: the reflected mask).  ``jitter`` and ``jitter-hue`` are
@@ -44,11 +54,13 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+from ..errors import MpiflError
 from ..plan.config import TRANSFORMS
 
 JITTER = 0.4
 ROTATE_DEGREES = 30.0
 JITTER_HUE = (0.5, 0.2, 0.2)  # jitter-hue: probability, brightness/contrast/saturation strength, hue shift
+ROT90_TURNS, ROT90_FLIP = 5, 0.75  # rot90-flip: k drawn in 0..4 (HarmoFL/FedFA randint(0, 4)), flip probability
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as torchvision's rgb_to_grayscale
 
 
@@ -72,6 +84,26 @@ def _rotate(x: torch.Tensor, rng: np.random.Generator) -> Warp:
     grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
     return lambda t: torch.nn.functional.grid_sample(t, grid, mode="nearest", padding_mode="zeros",
                                                      align_corners=False)
+
+
+def _rot90_flip(x: torch.Tensor, rng: np.random.Generator) -> Warp:
+    n, _, h, w = x.shape
+    if h != w:
+        raise MpiflError(f"--train-transforms rot90-flip turns images by 90 degrees and needs square ones, got "
+                         f"{h} x {w}; pick flip or rotate")
+    turns = torch.as_tensor(rng.integers(0, ROT90_TURNS, size=n) % 4, device=x.device)[:, None, None, None]
+    flipped = rng.random(n) < ROT90_FLIP
+    code = rng.integers(-1, 2, size=n)  # cv2.flip: 0 rows, 1 columns, -1 both
+    rows = torch.as_tensor(flipped & (code <= 0), device=x.device)[:, None, None, None]
+    cols = torch.as_tensor(flipped & (code != 0), device=x.device)[:, None, None, None]
+
+    def warp(t: torch.Tensor) -> torch.Tensor:
+        out = t
+        for k in (1, 2, 3):
+            out = torch.where(turns == k, torch.rot90(t, k, dims=(-2, -1)), out)
+        out = torch.where(rows, out.flip(-2), out)
+        return torch.where(cols, out.flip(-1), out)
+    return warp
 
 
 def _crop(x: torch.Tensor, rng: np.random.Generator) -> Warp:
@@ -153,7 +185,8 @@ class Transform(NamedTuple):
 
 
 _BY_NAME: dict[str, Transform] = {
-    "flip": Transform(_flip, True), "rotate": Transform(_rotate, True), "crop": Transform(_crop, True),
+    "flip": Transform(_flip, True), "rotate": Transform(_rotate, True),
+    "rot90-flip": Transform(_rot90_flip, True), "crop": Transform(_crop, True),
     "jitter": Transform(_jitter, False), "jitter-hue": Transform(_jitter_hue, False)}
 
 
@@ -163,6 +196,10 @@ def flip(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
 
 def rotate(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return _rotate(x, rng)(x)
+
+
+def rot90_flip(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    return _rot90_flip(x, rng)(x)
 
 
 def crop(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:

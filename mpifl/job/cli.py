@@ -43,8 +43,8 @@ _HELP = {
     "norm_blocks": "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all for perxan and "
                    "dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet block bn1, "
                    "every third DenseNet norm1, MobileNetV2 each block's first norm, plain CNNs and U-Net every conv "
-                   "norm; the stem stays BN), all, or N (the stem and the first N stages); gperxan's "
-                   "--perxan-blocks is the same",
+                   "norm; the stem stays BN), all, N (the stem and the first N stages) or N-nostem (those stages "
+                   "without the stem); gperxan's --perxan-blocks is the same",
     "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
                   "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
                   "then normalized with ImageNet's mean and std (--input-norm auto)",
@@ -54,8 +54,11 @@ _HELP = {
     "lr": "local learning rate (of round 1, before --lr-schedule)",
     "momentum": "local SGD momentum (--optimizer sgd; the buffers are fresh each round unless --keep-optimizer)",
     "weight_decay": "local weight decay (an L2 term in the gradient)",
-    "seg_loss": "training loss of a segmentation dataset: dice (FedRDN's paper) or dice-ce, (CE + Dice) / 2 (the "
-                "HarmoFL and FedFA prostate code); a classification dataset trains with cross-entropy",
+    "seg_loss": "training loss of a segmentation dataset, one for every method of a run: dice (softmax over all "
+                "classes, background included; FedRDN's paper), dice-ce, (CE + Dice) / 2 (the HarmoFL and FedFA "
+                "prostate code), or sigmoid-dice (ELCFS's code: a sigmoid head of the foreground classes only, Dice "
+                "averaged over them, no CE; a pixel is foreground above 0.75); the Dice score counts every class "
+                "whatever the loss; a classification dataset trains with cross-entropy",
     "optimizer": "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation setting: --lr 1e-3 "
                  "--weight-decay 1e-4; --momentum is refused with it)",
     "lr_schedule": "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp (lr gamma^(r-1); "
@@ -102,10 +105,12 @@ _HELP = {
                  "loader) or raw (the stored training images)",
     "train_transforms": "training augmentations, in batch on the device before normalization, per-image "
                         "parameters from the client's seeded generator: comma list of flip, rotate (+-30 deg, "
-                        "nearest pixel, FedBN), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
+                        "nearest pixel, FedBN), rot90-flip (k x 90 deg, k in 0..4, then p 0.75 a "
+                        "top-bottom, left-right or both flip: HarmoFL's and FedFA's prostate loaders; square "
+                        "images), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
                         "0.4), jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none; on a "
-                        "segmentation task flip, rotate and crop move each mask with its image (rotation fills it "
-                        "with background 0, crop reflects it), colour jitters leave masks alone",
+                        "segmentation task flip, rotate, rot90-flip and crop move each mask with its image "
+                        "(rotation fills it with background 0, crop reflects it), colour jitters leave masks alone",
     "seed": "seed of everything random; results do not depend on the number of ranks",
     "eval_every": "evaluate every N rounds (and after the last)",
     "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "

@@ -294,18 +294,38 @@ def default_norm_blocks(model: nn.Module) -> str:
     return "all"
 
 
+# The modules before the first stage of :data:`_STAGES` (the stem), for ``--norm-blocks N-nostem``; an
+# architecture not listed has no stem (its first stage starts at its first layer).
+_STEMS: dict[str, tuple[str, ...]] = {
+    "CifarResNet": ("conv1", "bn1"),
+    "ResNetFL": ("conv1", "bn1", "relu", "maxpool"),
+    "MobileNetV2FL": ("features.0",),
+    "DenseNetFL": ("features.conv0", "features.norm0", "features.relu0", "features.pool0"),
+}
+NO_STEM = "-nostem"  # --norm-blocks N-nostem: the first N stages without the stem
+
+
 def _first_stages(model: nn.Module, blocks: str, flag: str) -> set[str] | None:
-    """Names of the modules up to the end of stage ``blocks`` (the stem included); None for ``all``."""
+    """Names of the modules up to the end of stage N, the stem included (``N``) or left out (``N-nostem``);
+    None for ``all``."""
     if blocks == "all":
         return None
     ends = stage_outputs(model)
-    if not blocks.isdigit() or not 1 <= int(blocks) <= len(ends):
-        raise MpiflError(f"{flag} must be auto, all or a number of stages from 1 to {len(ends)} for "
-                         f"{type(model).__name__}, got {blocks!r}")
-    last = ends[int(blocks) - 1]
+    count = blocks.removesuffix(NO_STEM)
+    if not count.isdigit() or not 1 <= int(count) <= len(ends):
+        raise MpiflError(f"{flag} must be auto, all, N or N{NO_STEM} with N a number of stages from 1 to "
+                         f"{len(ends)} for {type(model).__name__}, got {blocks!r}")
+    last = ends[int(count) - 1]
     names = [n for n, _ in model.named_modules()]
     cut = max(i for i, n in enumerate(names) if n == last or n.startswith(last + "."))
-    return set(names[: cut + 1])
+    kept = set(names[: cut + 1])
+    if count == blocks:
+        return kept
+    stem = _STEMS.get(type(model).__name__)
+    if stem is None:
+        raise MpiflError(f"{flag} {blocks}: {type(model).__name__} has no stem before its first stage; "
+                         f"pass {flag} {count}")
+    return {n for n in kept if not any(n == s or n.startswith(s + ".") for s in stem)}
 
 
 _DENSE_IN_RATIO = 0.4  # ibnnet/densenet_ibn.py: IBN(num_input_features, 0.4)
@@ -414,12 +434,13 @@ def ibn_sites(model: nn.Module) -> dict[str, tuple[int, bool]]:
 def place_composite_norms(model: nn.Module, blocks: str, flag: str) -> nn.Module:
     """Keep PerXAN, IBN and DSON layers where ``blocks`` puts them, plain ``BatchNorm2d`` elsewhere.
 
-    ``blocks``: ``auto`` (:func:`default_norm_blocks`), ``all``, or ``N``: the stem and the first ``N``
-    stages of :func:`stage_outputs`.  PerXAN and DSON fill those stages.  IBN stands only at the
-    architecture's IBN-a sites inside them (:func:`ibn_sites`: IBN-Net's builders for ResNet and
-    DenseNet, the rule stated there for the others), rebuilt with that site's split (DenseNet: IN on
-    the last 40 % of the channels).  A ``blocks`` other than
-    ``auto`` on a model without such layers is a one-line error naming ``flag``.
+    ``blocks``: ``auto`` (:func:`default_norm_blocks`), ``all``, ``N``: the stem and the first ``N``
+    stages of :func:`stage_outputs`, or ``N-nostem``: those stages without the stem (:data:`_STEMS`: the
+    modules before the first stage, e.g. DenseNet's ``conv0``/``norm0``/``relu0``/``pool0``).  PerXAN and
+    DSON fill those stages.  IBN stands only at the architecture's IBN-a sites inside them
+    (:func:`ibn_sites`: IBN-Net's builders for ResNet and DenseNet, the rule stated there for the others),
+    rebuilt with that site's split (DenseNet: IN on the last 40 % of the channels).  A ``blocks`` other
+    than ``auto`` on a model without such layers is a one-line error naming ``flag``.
     """
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _PLACED_NORMS)]
     if not layers:

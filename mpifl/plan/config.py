@@ -22,10 +22,10 @@ from ..models.norm import NORM_KINDS
 from .normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 
 OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
-SEG_LOSSES = ("dice", "dice-ce")  # --seg-loss (mpifl.plan.task)
+SEG_LOSSES = ("dice", "dice-ce", "sigmoid-dice")  # --seg-loss (mpifl.plan.task.SEGMENTATION_BY_LOSS)
 LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
 #: --train-transforms, in the order they apply (mpifl.client.transforms; FedBN: flip, then rotate)
-TRANSFORMS = ("flip", "rotate", "crop", "jitter", "jitter-hue")
+TRANSFORMS = ("flip", "rotate", "rot90-flip", "crop", "jitter", "jitter-hue")
 
 
 def parse_transforms(text: str) -> tuple[str, ...]:

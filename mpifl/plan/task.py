@@ -5,8 +5,11 @@ report.
   whose arg-max logit is their class.
 * **segmentation**: a class per pixel (labels are masks, :mod:`mpifl.data.shard`); loss the Dice loss
   (``--seg-loss dice``, FedRDN's paper) or ``(CE + Dice) / 2`` (``dice-ce``, the HarmoFL and FedFA prostate
-  code), score ``dice``, the mean over images of each image's Dice coefficient
-  (:mod:`mpifl.plan.segmentation`).
+  code), both on a softmax over K channels, background included; or ELCFS's code's sigmoid Dice over K - 1
+  foreground channels (``sigmoid-dice``: the network has no background channel, and a pixel is predicted by
+  the 0.75 threshold); score ``dice``, the mean over images of each image's Dice coefficient over all K
+  classes, the same for every loss (:mod:`mpifl.plan.segmentation`).  Every method of a run trains with the
+  one ``--seg-loss``.
 
 A score travels as a sum over images with the image count (``correct`` and ``seen`` of a client's report,
 :mod:`mpifl.transport.messages`), so splits and domains pool it as they pool correct classifications.
@@ -20,7 +23,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .segmentation import dice_ce_loss, dice_loss, dice_scores
+from .config import SEG_LOSSES
+from .segmentation import dice_ce_loss, dice_loss, dice_scores, sigmoid_dice_loss, sigmoid_dice_scores
 
 
 def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -29,6 +33,10 @@ def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def _dice_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return dice_scores(logits, labels).sum()
+
+
+def _sigmoid_dice_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return sigmoid_dice_scores(logits, labels).sum()
 
 
 def _summed_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -47,6 +55,15 @@ class Task:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     score_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    background_output: bool = True  # False: the network outputs the K - 1 foreground classes only
+
+    def outputs(self, classes: int) -> int:
+        """The network's output channels (or logits) for a dataset of ``classes`` classes."""
+        return classes if self.background_output else classes - 1
+
+    def classes(self, logits: torch.Tensor) -> int:
+        """K, the dataset's classes, from the network's (N, outputs, ...) ``logits``."""
+        return logits.shape[1] if self.background_output else logits.shape[1] + 1
 
 
 def _batch_times_images(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
@@ -57,10 +74,15 @@ CLASSIFICATION = Task("classification", "acc", "accuracy", F.cross_entropy, _sum
 SEGMENTATION = Task("segmentation", "dice", "Dice", dice_loss, _batch_times_images(dice_loss), _dice_sum)
 SEGMENTATION_DICE_CE = Task("segmentation", "dice", "Dice", dice_ce_loss, _batch_times_images(dice_ce_loss),
                             _dice_sum)
+SEGMENTATION_SIGMOID_DICE = Task("segmentation", "dice", "Dice", sigmoid_dice_loss,
+                                 _batch_times_images(sigmoid_dice_loss), _sigmoid_dice_sum, background_output=False)
+#: --seg-loss -> the segmentation task it trains
+SEGMENTATION_BY_LOSS = dict(zip(SEG_LOSSES, (SEGMENTATION, SEGMENTATION_DICE_CE, SEGMENTATION_SIGMOID_DICE),
+                                strict=True))
 
 
 def task_of(dataset_task: str, seg_loss: str = "dice") -> Task:
     """The run's task: its dataset's (``classification`` or ``segmentation``), with ``--seg-loss``."""
     if dataset_task == "classification":
         return CLASSIFICATION
-    return SEGMENTATION if seg_loss == "dice" else SEGMENTATION_DICE_CE
+    return SEGMENTATION_BY_LOSS[seg_loss]

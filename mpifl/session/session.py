@@ -142,5 +142,6 @@ def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
 
 def _model(cfg: RunConfig, manifest: DatasetManifest, algo_cls: type[Algorithm]) -> nn.Module:
     """The run's network, with the normalization (``--norm`` or the method's) and convolution it asks for."""
-    return algo_cls.network(cfg, num_classes=manifest.num_classes, in_channels=manifest.channels,
+    outputs = task_of(manifest.task, cfg.seg_loss).outputs(manifest.num_classes)  # sigmoid-dice: no background
+    return algo_cls.network(cfg, num_classes=outputs, in_channels=manifest.channels,
                             image_size=tuple(manifest.image_size))

@@ -131,13 +131,15 @@ def test_perxan_blocks_keeps_perxan_in_the_first_stages_and_shares_the_later_pla
     } | {"norm3.num_batches_tracked"}
 
 
-def test_perxan_blocks_on_densenet_is_the_first_dense_block_with_its_transition():
+def test_perxan_blocks_on_densenet_is_the_first_dense_block_with_its_transition_and_the_stem_unless_nostem():
     _, net = _adapted("1", model="densenet121", image_size=(64, 64))
     assert isinstance(net.features.norm0, PerXAN) and isinstance(net.features.transition1.norm, PerXAN)
     assert type(net.features.denseblock2.denselayer1.norm1) is torch.nn.BatchNorm2d
+    _, net = _adapted("1-nostem", model="densenet121", image_size=(64, 64))
+    assert type(net.features.norm0) is torch.nn.BatchNorm2d and isinstance(net.features.transition1.norm, PerXAN)
 
 
 @pytest.mark.parametrize("blocks", ["0", "4", "two"])
 def test_perxan_blocks_out_of_range_is_a_one_line_error(blocks):
-    with pytest.raises(MpiflError, match="--perxan-blocks must be auto, all or a number of stages from 1 to 3"):
+    with pytest.raises(MpiflError, match="--perxan-blocks must be auto, all, N or N-nostem with N a number of stages from 1 to 3"):
         _adapted(blocks)

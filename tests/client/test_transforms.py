@@ -1,11 +1,12 @@
-"""--train-transforms: batched flip, rotate, crop, jitter and jitter-hue agree with their per-image definitions;
-segmentation masks move with their images under the geometric ones."""
+"""--train-transforms: batched flip, rotate, rot90-flip, crop, jitter and jitter-hue agree with their per-image
+definitions; segmentation masks move with their images under the geometric ones."""
 
 import numpy as np
 import pytest
 import torch
 
-from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, rotate
+from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, rot90_flip, rotate
+from mpifl.errors import MpiflError
 from mpifl.plan.config import TRANSFORMS, parse_transforms
 
 
@@ -79,6 +80,23 @@ def test_rotate_turns_counter_clockwise_by_the_drawn_angle_within_30_degrees():
     assert torch.equal(seeded(_batch(), np.random.default_rng(2)), seeded(_batch(), np.random.default_rng(2)))
 
 
+def test_rot90_flip_is_harmofl_and_fedfas_prostate_loader():
+    """Per image, as their ``__getitem__`` on the H x W x C slice: ``np.rot90(img, randint(0, 4))``, then with p
+    0.75 ``cv2.flip(img, randint(-1, 1))`` (0: rows reversed, 1: columns, -1: both)."""
+    x = torch.arange(64 * 3 * 5 * 5, dtype=torch.float32).reshape(64, 3, 5, 5)
+    out = rot90_flip(x, np.random.default_rng(7))
+    rng = np.random.default_rng(7)
+    turns, flipped, codes = rng.integers(0, 5, 64), rng.random(64) < 0.75, rng.integers(-1, 2, 64)
+    assert set(turns) == {0, 1, 2, 3, 4} and set(codes) == {-1, 0, 1} and 0.6 < flipped.mean() < 0.9
+    for i in range(64):
+        img = np.rot90(x[i].permute(1, 2, 0).numpy(), turns[i])
+        if flipped[i]:
+            img = {0: img[::-1], 1: img[:, ::-1], -1: img[::-1, ::-1]}[codes[i]]
+        assert torch.equal(out[i], torch.from_numpy(img.copy()).permute(2, 0, 1)), i
+    with pytest.raises(MpiflError, match="rot90-flip turns images by 90 degrees and needs square ones, got 4 x 6"):
+        rot90_flip(torch.zeros(2, 1, 4, 6), np.random.default_rng(0))
+
+
 def test_jitter_hue_is_gperxans_colour_jitter_on_half_the_images():
     red = torch.tensor([255.0, 0, 0])[None, :, None, None].expand(3, 3, 2, 2).clone()
     red[2] = 100.0  # a gray image: only brightness changes it
@@ -92,7 +110,7 @@ def test_jitter_hue_is_gperxans_colour_jitter_on_half_the_images():
 
 # ------------------------------------------------------------------ segmentation masks move with their images
 
-GEOMETRIC, PHOTOMETRIC = ("flip", "rotate", "crop"), ("jitter", "jitter-hue")
+GEOMETRIC, PHOTOMETRIC = ("flip", "rotate", "rot90-flip", "crop"), ("jitter", "jitter-hue")
 LABELS = {1, 2}  # the masks' label set: 0 (background) appears only where a transform pads
 
 

@@ -133,3 +133,13 @@ def test_a_label_skew_split_is_refused_on_masks(shapes_root, tmp_path):
     job = run_here(*_args(shapes_root, tmp_path / "d", "--dirichlet", "0.5", "--clients-per-domain", "2"))
     assert job.returncode == 2 and len(job.stderr.splitlines()) == 1 and not (tmp_path / "d").exists()
     assert "--dirichlet splits each domain by its images' classes; styleshapes is a segmentation" in job.stderr
+
+
+def test_elcfs_runs_with_its_authors_sigmoid_dice_on_a_foreground_head(shapes_root, tmp_path):
+    job = run_here(*_args(shapes_root, tmp_path / "s", "--algo", "elcfs", "--seg-loss", "sigmoid-dice",
+                          "--ckpt-every", "2"))
+    assert job.returncode == 0, job.stderr
+    ckpt = load_checkpointed(tmp_path / "s")
+    assert ckpt.session.build_model().classifier.out_channels == 1  # styleshapes: background and shape
+    records = read_metrics(tmp_path / "s")
+    assert np.isfinite(records[0]["train"]["loss"]) and 0 < records[1]["eval"]["global"]["test"]["mean"]["dice"] < 1

@@ -196,9 +196,42 @@ def test_dson_and_perxan_default_to_every_layer_and_n_keeps_the_stem_and_first_s
     assert _kinds(model, ["bn1", "layer1.2.bn2", "layer2.0.bn1"]) == ["DSON", "DSON", "BatchNorm2d"]
 
 
+def test_n_nostem_keeps_the_first_stages_and_leaves_the_stem_plain():
+    """gPerXAN's Camelyon17 rule (paper, Section 4.2): the first dense block and its transition, not ``norm0``."""
+    model = place_composite_norms(build_model("densenet121", num_classes=2, image_size=(96, 96), norm="perxan"),
+                                  "1-nostem", "--perxan-blocks")
+    names = ["features.norm0", "features.denseblock1.denselayer1.norm1", "features.transition1.norm",
+             "features.denseblock2.denselayer1.norm1"]
+    assert _kinds(model, names) == ["BatchNorm2d", "PerXAN", "PerXAN", "BatchNorm2d"]
+    model = place_composite_norms(build_model("resnet20", num_classes=10, image_size=(32, 32), norm="dson"),
+                                  "2-nostem", "--norm-blocks")
+    assert _kinds(model, ["bn1", "layer2.2.bn2", "layer3.0.bn1"]) == ["BatchNorm2d", "DSON", "BatchNorm2d"]
+
+
+@pytest.mark.parametrize("name, image_size", [("densenet121", (96, 96)), ("resnet18", (64, 64)),
+                                              ("mobilenetv2", (64, 64)), ("resnet20", (32, 32))])
+def test_every_stem_names_its_modules_and_holds_only_the_first_conv_and_norm(name, image_size):
+    from mpifl.models.surgery import _STEMS
+    model = build_model(name, num_classes=2, image_size=image_size, norm="bn")
+    modules = dict(model.named_modules())
+    stem = _STEMS[type(model).__name__]
+    assert all(s in modules for s in stem)
+    in_stem = [any(n == s or n.startswith(s + ".") for s in stem) for n in modules]
+    layers = [inside for inside, m in zip(in_stem, modules.values()) if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))]
+    assert layers[:2] == [True, True] and not any(layers[2:])
+
+
+def test_n_nostem_on_a_model_without_a_stem_is_one_line():
+    with pytest.raises(MpiflError, match="--norm-blocks 1-nostem: SmallCNN has no stem before its first stage; "
+                                         "pass --norm-blocks 1"):
+        place_composite_norms(build_model("smallcnn", num_classes=10, norm="ibn"), "1-nostem", "--norm-blocks")
+
+
 @pytest.mark.parametrize("blocks, message", [
-    ("4", "--norm-blocks must be auto, all or a number of stages from 1 to 3 for SmallCNN, got '4'"),
-    ("x", "--norm-blocks must be auto, all or a number of stages from 1 to 3"),
+    ("4", "--norm-blocks must be auto, all, N or N-nostem with N a number of stages from 1 to 3 for SmallCNN, "
+          "got '4'"),
+    ("x", "--norm-blocks must be auto, all, N or N-nostem with N a number of stages from 1 to 3"),
+    ("0-nostem", "--norm-blocks must be auto, all, N or N-nostem"),
 ])  # fmt: skip
 def test_norm_blocks_out_of_range_is_one_line(blocks, message):
     with pytest.raises(MpiflError, match=message):

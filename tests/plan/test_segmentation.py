@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from mpifl.plan.segmentation import DICE_EPS, dice_ce_loss, dice_loss, dice_scores
+from mpifl.plan.segmentation import (DICE_EPS, dice_ce_loss, dice_loss, dice_scores, foreground_predictions,
+                                     sigmoid_dice_loss, sigmoid_dice_scores)
 
 EPS = DICE_EPS
 
@@ -89,3 +90,44 @@ def test_shapes_are_checked():
         dice_scores(torch.zeros(2, 2, 4, 4), torch.zeros(2, 4, 5, dtype=torch.int64))
     with pytest.raises(ValueError, match="integer"):
         dice_loss(torch.zeros(2, 2, 4, 4), torch.zeros(2, 4, 4))
+
+
+def _authors_dice_loss(score, target):
+    """ELCFS's utils/losses.py dice_loss, spelled out: per channel, sums over the whole batch, smooth 1e-5."""
+    total = 0
+    for i in range(target.shape[1]):
+        intersect = torch.sum(score[:, i] * target[:, i])
+        total += (2 * intersect + 1e-5) / (torch.sum(score[:, i]) + torch.sum(target[:, i]) + 1e-5)
+    return 1 - total / target.shape[1]
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_sigmoid_dice_loss_is_elcfss_per_channel_dice_of_the_foreground_sigmoids(classes):
+    torch.manual_seed(0)
+    logits = torch.randn(3, classes - 1, 5, 6, dtype=torch.float64)
+    masks = torch.randint(0, classes, (3, 5, 6))
+    target = torch.stack([masks == k for k in range(1, classes)], 1).double()  # no background channel
+    expected = _authors_dice_loss(torch.sigmoid(logits), target)
+    assert sigmoid_dice_loss(logits, masks).item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_sigmoid_dice_loss_has_no_ce_and_no_background_term():
+    masks = masks_of([[0, 1, 1, 0]])
+    logits = torch.tensor([[[[-20.0, 20.0, 20.0, -20.0]]]])  # sigmoid 0 / 1: a perfect foreground
+    assert sigmoid_dice_loss(logits, masks).item() == pytest.approx(0, abs=1e-6)
+    half = torch.zeros(1, 1, 1, 4)  # p = 1/2 everywhere: (2 * 1 + eps) / (2 + 2 + eps)
+    assert sigmoid_dice_loss(half, masks).item() == pytest.approx(1 - (2 + EPS) / (4 + EPS), rel=1e-6)
+
+
+def test_foreground_predictions_threshold_the_sigmoid_at_elcfss_0_75():
+    z = math.log(0.75 / 0.25)  # sigmoid(z) = 0.75
+    logits = torch.tensor([[[[z - 0.01, z + 0.01, 5.0, -5.0]], [[-5.0, -5.0, 6.0, 0.5]]]])  # (1, 2, 1, 4)
+    assert foreground_predictions(logits).tolist() == [[[0, 1, 2, 0]]]  # 0.5 -> sigmoid 0.62: background
+
+
+def test_sigmoid_dice_scores_count_every_class_of_the_thresholded_map_as_dice_scores():
+    logits = torch.tensor([[[[-5.0, 5.0, 0.5, 5.0]]]])  # predicted 0 1 0 1 (0.5 is below 0.75)
+    masks = masks_of([[0, 1, 1, 0]])
+    same = dice_scores(logits_for([[0, 1, 0, 1]]), masks)
+    assert torch.equal(sigmoid_dice_scores(logits, masks), same)
+    assert same.item() == pytest.approx((2 * 1 / (4 + EPS) + 2 * 1 / (4 + EPS)) / 2, rel=1e-12)

@@ -204,3 +204,21 @@ def test_prostate_base_rows_feed_unscaled_intensities_as_fedfas_and_harmofls_loa
     scale, shift = fixed(*FIXED_NORMALIZATION["prostate"]).eval()
     pixels = torch.tensor([0.0, 1.0, 128.0, 255.0]).reshape(1, 1, 4, 1).expand(1, 3, 4, 1)
     assert torch.equal(pixels * scale + shift, pixels)
+
+
+def test_gperxan_camelyon17_puts_perxan_in_the_first_dense_block_and_its_transition_not_the_stem():
+    """Section 4.2: 'BN layers in the first dense block and the following transition block are replaced by PerXAN'
+    (the authors' public code has no DenseNet); the stem's norm0 stays plain BN."""
+    ctx = main.make_context("mpifl.run", ["--preset", "gperxan-t3-camelyon17", "--algo", "gperxan"])
+    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+    cfg, _ = build_config(ctx, None, params)
+    model = get_algorithm("gperxan").network(cfg, num_classes=2, in_channels=3, image_size=(96, 96))
+    modules = dict(model.named_modules())
+    kinds = [type(modules[f"features.{n}"]).__name__
+             for n in ("norm0", "denseblock1.denselayer6.norm2", "transition1.norm", "denseblock2.denselayer1.norm1")]
+    assert kinds == ["BatchNorm2d", "PerXAN", "PerXAN", "BatchNorm2d"]
+
+
+def test_prostate_augments_as_fedfas_and_harmofls_loaders():
+    """pyfed/dataset/dataset.py and utils/dataset.py, Prostate.__getitem__: RandomRotate90, then RandomFlip."""
+    assert load_preset("fedrdn-t2-prostate").options["train_transforms"] == "rot90-flip"

@@ -8,7 +8,7 @@ Federated Domain Generalization", CVPR 2024, section 3.2, eqs. 3-4: client i's l
 with ``h_g`` the global classifier received this round, frozen, and ``l`` "the base loss function, which is
 usually cross-entropy in classification tasks": one loss for both terms.  Here ``l`` is the run's task loss
 (:attr:`mpifl.plan.task.Task.loss`, the one the method's own term uses): cross-entropy on a classification
-task, the Dice loss (``--seg-loss dice``) or ``(CE + Dice) / 2`` (``dice-ce``) on a segmentation task, where
+task, the run's ``--seg-loss`` (Dice, ``(CE + Dice) / 2`` or ELCFS's sigmoid Dice) on a segmentation task, where
 ``h_g`` is the downloaded 1x1 classifier giving per-pixel logits; per mini-batch, each term is reduced as
 the task reduces it (a mean over images, pixels for CE; the batch's Dice).  The authors' code (classification only)
 uses ``F.cross_entropy`` for both terms, which is the classification case.  The paper adds it to gPerXAN
@@ -66,7 +66,7 @@ def frozen_head(model: nn.Module) -> nn.Module:
 def guide_loss(head: nn.Module, lam: float, features: torch.Tensor, labels: torch.Tensor,
                task: Task) -> torch.Tensor:
     """lambda * L(h_g(features), labels), L = ``task.loss``: the run's task loss, the one the method's own term
-    uses (cross-entropy, mean over the mini-batch; the Dice loss, or (CE + Dice) / 2, on a segmentation task)."""
+    uses (cross-entropy, mean over the mini-batch; the run's ``--seg-loss`` on a segmentation task)."""
     return lam * task.loss(head(features), labels)
 
 

@@ -29,7 +29,7 @@ BETA2 = Option("beta2", float, 0.99, "server second-moment decay: v <- beta2 v +
 TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2")
 GUIDE_LAMBDA = Option("guide_lambda", float, 0.0,
                       "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the task's loss (CE; on "
-                      "segmentation Dice, or (CE + Dice)/2 with --seg-loss dice-ce), h_g the downloaded classifier "
+                      "segmentation the run's --seg-loss), h_g the downloaded classifier "
                       "frozen (gPerXAN, Le et al. 2024, eqs. 3-4); for any method whose download holds the "
                       "classifier, refused in one line by the others; 0 = off")
 DECLARATIONS_FILE = "mpifl/algorithms/core/options.py"

@@ -10,7 +10,7 @@ from scipy import ndimage
 
 from mpifl.algorithms.core.boundary import boundary_loss, dilate, erode, nt_xent, region_means, regions
 from mpifl.models.unet import UNet
-from mpifl.plan.task import SEGMENTATION
+from mpifl.plan.task import SEGMENTATION, SEGMENTATION_SIGMOID_DICE
 
 from ..helpers import make_algo
 
@@ -55,19 +55,21 @@ def test_images_without_the_class_are_left_out_and_a_mask_without_foreground_add
     assert alone.item() == pytest.approx(nt_xent(embeddings, torch.tensor([1, 1, 0, 0]), 0.05).item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("task", [SEGMENTATION, SEGMENTATION_SIGMOID_DICE])
 @pytest.mark.parametrize("gamma", [0.0, 0.1])
-def test_the_meta_test_objective_of_a_segmentation_task_adds_gamma_times_the_boundary_loss(data_root, gamma):
+def test_the_meta_test_objective_of_a_segmentation_task_adds_gamma_times_the_boundary_loss(data_root, gamma, task):
+    """Also with ELCFS's own sigmoid head, which has no background channel: the foreground class still counts."""
     algo, _ = make_algo("elcfs", {"data_root": str(data_root)}, elcfs_boundary_weight=gamma)
-    algo.bind_task(SEGMENTATION)
+    algo.bind_task(task)
     torch.manual_seed(0)
-    model = UNet(num_classes=2, width=4, depth=2).eval()
+    model = UNet(num_classes=task.outputs(2), width=4, depth=2).eval()
     x, x_moved = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
     masks = torch.zeros(2, 8, 8, dtype=torch.long)
     masks[:, 2:6, 1:5] = 1
     weights = dict(model.named_parameters())
     features = model.encode(x)
     loss = algo.meta_test_loss(model, weights, x_moved, masks, features)
-    plain = SEGMENTATION.loss(model(x_moved), masks)
+    plain = task.loss(model(x_moved), masks)
     extra = gamma * boundary_loss(features, model.encode(x_moved), masks, 2, 0.05)
     assert loss.item() == pytest.approx((plain + extra).item(), rel=1e-6)
     assert (loss.item() > plain.item()) == (gamma > 0)
