@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from mpifl.rundir import names
@@ -189,3 +191,11 @@ def serve(run_dir, lines):
         "mpifl/server/run_log.py:21", "mpifl/server/run_log.py:23", "mpifl/server/serve.py:5"]
     assert [line.split(": ")[0] for line in typed_names(tmp_path)] == [
         "mpifl/server/serve.py:7", "launch/sweep.py:1", "launch/bench.sh:2", "slurm/common.sh:1"]
+
+
+def test_the_names_import_without_the_packages_of_a_run():
+    """Any Python can ask for a name (launch/sweep.py runs with whatever Python starts it): no torch, numpy."""
+    probe = ("import sys, mpifl.rundir.names; "
+             "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'h5py', 'mpi4py')))")
+    job = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert job.stdout.strip() == ""
