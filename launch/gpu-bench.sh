@@ -92,15 +92,16 @@ fi
 "$PY" - "$WORK" <<'EOF' | tee -a "$WORK/summary.txt"
 import csv, json, sys
 from pathlib import Path
+from mpifl.rundir.names import METRICS
 work = Path(sys.argv[1])
 
 def numbers(run):  # what a run computes: not its timings, memory, or the framing bytes that vary with the ranks
-    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(l) for l in (run / METRICS).read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in ("seconds", "rank_seconds", "memory", "bytes")}
             | {"bytes": {k: v for k, v in r["bytes"].items() if not k.startswith("wire")}} for r in records]
 
 for run in sorted((work / "runs").glob("*")):
-    metrics = run / "metrics.jsonl"
+    metrics = run / METRICS
     if not metrics.exists():
         print(f"{run.name}: no metrics")
         continue
@@ -119,7 +120,7 @@ for run in sorted((work / "runs").glob("*")):
             print(f"   {kind} model, mean test accuracy by evaluation: {[round(a, 4) for a in acc]}")
 pairs = [("det-2", "det-2-again"), ("det-2", "det-5"), ("nodet-2", "nodet-2-again"), ("det-2", "nodet-2")]
 for a, b in pairs:
-    if (work / "runs" / a / "metrics.jsonl").exists() and (work / "runs" / b / "metrics.jsonl").exists():
+    if (work / "runs" / a / METRICS).exists() and (work / "runs" / b / METRICS).exists():
         same = numbers(work / "runs" / a) == numbers(work / "runs" / b)
         print(f"{a} vs {b}: {'bit-identical metrics' if same else 'metrics differ'}")
 EOF

@@ -35,6 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "launch" / "local.sh"
+sys.path.insert(0, str(REPO))  # this checkout's mpifl, which names the files of a run directory
+from mpifl.rundir.names import SUMMARY_CSV  # noqa: E402  (after the path above)
 # options a sweep owns: the config, the run directory
 RESERVED = ("config", "out", "resume")
 
@@ -135,7 +137,7 @@ def collect(out: Path, names: list[str], points: list[dict]) -> Path:
         writer = csv.writer(f)
         writer.writerow(["point", *keys, "model", "last_round", "last_test_acc", "best_round", "best_test_acc"])
         for name, point in zip(names, points):
-            summary = out / "runs" / name / "summary.csv"
+            summary = out / "runs" / name / SUMMARY_CSV
             rows = list(csv.DictReader(summary.open())) if summary.is_file() else []
             means = [r for r in rows if r["domain"] == "mean"] or [{}]
             for row in means:
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     failed = []
     for i, (path, cmd) in enumerate(zip(paths, commands), 1):
-        if (out / "runs" / path.stem / "summary.csv").is_file():
+        if (out / "runs" / path.stem / SUMMARY_CSV).is_file():
             print(f"sweep: [{i}/{len(commands)}] {path.stem}: done already, skipped", file=sys.stderr)
             continue
         print(f"sweep: [{i}/{len(commands)}] {path.stem}", file=sys.stderr, flush=True)

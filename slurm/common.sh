@@ -64,6 +64,10 @@ MPIFL_HOME=$(cd "${MPIFL_HOME:-$(dirname "${BASH_SOURCE[0]}")/..}" && pwd)
 : "${MPIFL_DATA:?the benchmark script sets MPIFL_DATA}"
 : "${MPIFL_ALGO:=fedavg}" "${MPIFL_MODEL:=auto}" "${MPIFL_ROUNDS:=10}" "${MPIFL_CKPT_EVERY:=0}"
 read -ra _mpifl_domains <<<"${MPIFL_DOMAINS:-}"
+# the run directory's files this shell looks for, named in mpifl/rundir/names.py (tests/rundir/test_names.py checks
+# that they agree); typed here, as this shell may run where mpifl's Python is not (MPIFL_PROGRAM: a container's)
+_mpifl_checkpoint_meta=checkpoint/meta.json
+_mpifl_summary=summary.md
 
 # ------------------------------------------------------------------ environment
 if [[ -n ${MPIFL_MODULES:-} ]]; then
@@ -130,7 +134,7 @@ if ((_mpifl_restarts == 0)) && [[ -z ${MPIFL_RUN_DIR:-} && -n $(ls -A "$RUN_DIR"
     _mpifl_die "run directory ${RUN_DIR} exists already, from another job; move it away, or set MPIFL_RUNS" \
         "(or MPIFL_RUN_DIR=${RUN_DIR} to continue that run)"
 fi
-if [[ -f $RUN_DIR/checkpoint/meta.json ]]; then
+if [[ -f $RUN_DIR/$_mpifl_checkpoint_meta ]]; then
     read -ra _mpifl_resume_args <<<"${MPIFL_RESUME_ARGS:-}"
     _mpifl_args=(--resume "$RUN_DIR" "${_mpifl_resume_args[@]}")
 else
@@ -222,9 +226,9 @@ if [[ -z $_mpifl_stop ]]; then
     done
     ((_mpifl_rc == 127 && ${_mpifl_last:-0} > 0)) && _mpifl_rc=$_mpifl_last  # the step had ended and been reaped
     _mpifl_log "job step ended with exit code ${_mpifl_rc}"
-    if ((_mpifl_rc == 0)) && [[ ! -f $RUN_DIR/summary.md ]]; then  # a launcher that lost a node may say 0
-        _mpifl_log "yet the run did not finish (no ${RUN_DIR}/summary.md; Open MPI's prterun ends 0 when it loses" \
-            "a node): counted as a lost node"
+    if ((_mpifl_rc == 0)) && [[ ! -f $RUN_DIR/$_mpifl_summary ]]; then  # a launcher that lost a node may say 0
+        _mpifl_log "yet the run did not finish (no ${RUN_DIR}/${_mpifl_summary}; Open MPI's prterun ends 0 when it" \
+            "loses a node): counted as a lost node"
         _mpifl_rc=69
     fi
 else

@@ -36,7 +36,6 @@ from ..client.devices import deterministic_kernels, pick_device, threads_for, tr
 from ..client.host import ClientHost
 from ..data import ensure_dataset
 from ..data.manifest import build_of
-from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 from ..process.abort import ABORT_SECONDS, EXIT_LOST
@@ -45,9 +44,9 @@ from ..process.world import launched_world
 from ..rundir.checkpoint import Checkpoint, committed_round
 from ..rundir.checkpoint import load as load_checkpoint
 from ..rundir.checkpoint import verify as verify_checkpoint
-from ..rundir.directory import (Kept, archive_attempt, check_new, claim, config_digest, default_run_dir, open_new,
-                                unmake_new, write_config)
-from ..rundir.names import CONFIG, LOG, METRICS, SUMMARY_MD, holdout_fold
+from ..rundir.directory import check_new, config_digest, default_run_dir
+from ..rundir.names import CONFIG, METRICS, holdout_fold
+from ..rundir.rundir import RunDir, write_fold_table
 from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
 from ..session.session import Session, make_session, read_labels
@@ -142,30 +141,30 @@ def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWat
         _run(dataclasses.replace(cfg, holdout=domain, out=str(holdout_fold(base, domain))), comm, stop, watch)
     if comm.rank == 0:
         table = fold_summary({d: holdout_fold(base, d) for d in domains})
-        (base / SUMMARY_MD).write_text(table)
+        write_fold_table(base, table)
         print(table)
 
 
 def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None, resume: bool = False) -> None:
     """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks it while the
     ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
-    owner: DirectoryLock | None = None  # rank 0's claim on the run directory
-    traceback_dir: Kept | None = None  # where a bug's traceback goes: the run directory once it is this run's
+    # rank 0's run directory, claimed, once it is this run's: where a bug's traceback goes
+    opened: RunDir | None = None
 
     def check_run_dir():
-        nonlocal owner, traceback_dir
+        nonlocal opened
         if comm.rank != 0:
             return None
         path = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         if resume:
-            owner, traceback_dir = claim(path, resuming=True), Kept(path)
+            opened = RunDir.claim_resumed(path)
         else:
             path = check_new(path, cfg.holdout)
         return str(path), read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
 
     try:
         # the run directory, and the labels a Dirichlet split needs
-        run_dir, labels = comm.bcast_object(collectively(comm, lambda: traceback_dir, check_run_dir))
+        run_dir, labels = comm.bcast_object(collectively(comm, lambda: opened, check_run_dir))
         run_dir = Path(run_dir)
         layout = comm.node_layout()
 
@@ -190,31 +189,26 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
             return session, ClientHost(session, comm, device, run_dir, resumed,
                                        stop), resumed
 
-        session, host, resumed = collectively(comm, lambda: traceback_dir, setup_ranks)
+        session, host, resumed = collectively(comm, lambda: opened, setup_ranks)
 
         def open_run_dir():  # every rank is set up: the run may write
-            nonlocal owner, traceback_dir
+            nonlocal opened
             if comm.rank != 0:
                 return None
             if resume:
-                write_config(run_dir, cfg, owner)
-                archived = archive_attempt(run_dir)
+                archived = opened.reopen(cfg)
                 if archived:
                     print(archived)
-                    with (run_dir / LOG).open("a") as log:
-                        log.write(archived + "\n")
-                opened = run_dir
             else:
-                opened, owner = open_new(run_dir, cfg)
-            traceback_dir = Kept(opened)
+                opened = RunDir.create(run_dir, cfg)
             if watch is not None:
                 watch.run_dir = opened
-            if owner is None:
-                _err(f"mpifl: warning: the file system of {opened} keeps no file locks: a second run given "
+            if opened.lock is None:
+                _err(f"mpifl: warning: the file system of {opened.path} keeps no file locks: a second run given "
                      "the same --out while this one runs is not refused")
-            return str(opened)
+            return str(opened.path)
 
-        run_dir = Path(comm.bcast_object(collectively(comm, lambda: traceback_dir, open_run_dir)))
+        run_dir = Path(comm.bcast_object(collectively(comm, lambda: opened, open_run_dir)))
 
         seen = comm.allgather_object(config_digest(run_dir))  # what each rank sees of the directory rank 0 opened
 
@@ -222,22 +216,22 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
             blind = [rank for rank, digest in enumerate(seen) if digest != seen[0]]
             if blind:
                 if comm.rank == 0 and not resume:
-                    unmake_new(run_dir, owner)
+                    opened.unmake()
                 raise MpiflError(f"--out {run_dir} is not on a file system that every node shares: "
                                  f"{comm.describe(blind)} cannot see the {CONFIG} rank 0 wrote there (on "
                                  f"{comm.host(0)}), and the client ranks write their part of each checkpoint into it; "
                                  "pass an --out on a shared file system")
 
-        collectively(comm, lambda: traceback_dir, check_shared)
+        collectively(comm, lambda: opened, check_shared)
         if host is not None:
             host.run_dir = run_dir
-        _serve_or_host(cfg, comm, session, host, traceback_dir or Kept(run_dir), resumed, stop, layout)
+        _serve_or_host(cfg, comm, session, host, opened or RunDir(run_dir), resumed, stop, layout)
     finally:
-        if owner is not None:
-            owner.release()
+        if opened is not None:
+            opened.release()
 
 
-def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: Kept,
+def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: RunDir,
                    resumed: Checkpoint | None, stop: StopRequest, layout: NodeLayout) -> None:
     """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
     # where each rank runs, so the log maps a pid that the kernel or the launcher names to a rank
@@ -253,7 +247,7 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
             processes = [(line, count) for line, count, *_ in ranks]
             folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks],
                                  [busy for _, _, busy, _ in ranks])
-            stopped_by = serve(cfg, comm, session, run_dir.path, resumed, stop, processes, folds)
+            stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes, folds)
         else:
             host.run()
             stopped_by = host.stopped
@@ -277,7 +271,7 @@ class PeerWatch:
 
     def __init__(self, comm: Comm | None, timeout: float):
         self.comm, self.timeout = comm, timeout
-        self.run_dir: Path | None = None  # the run under way, once its directory is open
+        self.run_dir: RunDir | None = None  # the run under way, once its directory is open
 
     def lost(self, ranks: list[int], seconds: float, error: str | None) -> None:
         comm = self.comm
@@ -289,8 +283,8 @@ class PeerWatch:
         if comm.rank == 0:
             line = f"mpifl: error: lost {comm.describe(ranks)}: {silence}; {self._left()}"
             if self.run_dir is not None:
-                with contextlib.suppress(OSError), (self.run_dir / LOG).open("a") as log:
-                    log.write(line + "\n")
+                with contextlib.suppress(OSError):
+                    self.run_dir.log(line + "\n")
             _err(line)
             comm.end_job()
         else:
@@ -309,14 +303,14 @@ class PeerWatch:
         """What the run can continue from."""
         if self.run_dir is None:
             return "nothing was written: run again on nodes that answer"
-        done = committed_round(self.run_dir)
+        done = committed_round(self.run_dir.path)
         if done is None:
             return "no checkpoint was taken (--ckpt-every N takes them): run again with another --out"
-        return (f"the checkpoint after round {done} is intact: continue with --resume {self.run_dir} on the nodes "
+        return (f"the checkpoint after round {done} is intact: continue with --resume {self.run_dir.path} on the nodes "
                 "that remain")
 
 
-def collectively(comm: Comm, run_dir: Callable[[], Kept | None], step: Callable[[], T]) -> T:
+def collectively(comm: Comm, run_dir: Callable[[], RunDir | None], step: Callable[[], T]) -> T:
     """Run a set-up step on every rank; if any rank failed, rank 0 prints the first failure once and all exit."""
     error = None
     result = None
@@ -339,7 +333,7 @@ def collectively(comm: Comm, run_dir: Callable[[], Kept | None], step: Callable[
     return result
 
 
-def _crash_line(rank: int, exc: BaseException, run_dir: Kept | None) -> str:
+def _crash_line(rank: int, exc: BaseException, run_dir: RunDir | None) -> str:
     text = "".join(traceback.format_exception(exc))
     where = "above"
     if run_dir is not None:

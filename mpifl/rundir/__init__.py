@@ -1,2 +1,3 @@
-"""The run directory: every file name a run writes (:mod:`.names`), making and claiming the directory, and
-the verified checkpoints of server and client ranks."""
+"""The run directory: every file name a run writes (:mod:`.names`), checking and claiming the directory
+(:mod:`.directory`), making it and every write into it (:mod:`.rundir`), and the verified checkpoints of server
+and client ranks (:mod:`.checkpoint`)."""

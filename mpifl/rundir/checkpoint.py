@@ -247,7 +247,7 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     expected = [SERVER_FILE] + [rank_file(rank) for rank in sorted(checkpoint.ranks)]
     unrecorded = [name for name in expected if name not in checkpoint.files]
     if unrecorded:
-        raise UnusableCheckpoint(f"checkpoint {folder.parent / 'meta.json'} records no {unrecorded[0]}: the "
+        raise UnusableCheckpoint(f"checkpoint {folder.parent / CHECKPOINT_META} records no {unrecorded[0]}: the "
                                 "checkpoint is damaged")
 
     def refuse(name: str, problem: str):

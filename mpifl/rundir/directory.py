@@ -11,12 +11,15 @@ changes nothing on disk:
 2. **claim** (:mod:`mpifl.dirlock`): a run holds its directory for its whole life, so a second run, or a resume,
    of the same directory is refused while the first lives; the claim ends with the process however it ends,
    and a crashed run's directory is resumable at once;
-3. **open** once every rank has set up: create a new directory (claimed, then checked again, which settles a race
-   between two runs given the same ``--out``), write the resolved ``config.json`` that ``--config`` and
-   ``--resume`` read back;
-4. **keep** (:class:`Kept`): before each record, checkpoint and the summaries, rank 0 checks that the directory at
-   the path is still the one it opened: a run whose directory was removed, or moved and made again, stops with
-   one line instead of writing into what is there now, and a bug's traceback never goes into such a directory.
+3. **open** once every rank has set up (:meth:`.rundir.RunDir.create`): create a new directory (claimed, then
+   checked again, which settles a race between two runs given the same ``--out``), write the resolved
+   ``config.json`` that ``--config`` and ``--resume`` read back;
+4. **keep** (:class:`.rundir.RunDir`, which writes every file of the run but the client ranks' checkpoint files):
+   before each record, checkpoint and the summaries, rank 0 checks that the directory at the path is still the one
+   it opened: a run whose directory was removed, or moved and made again, stops with one line instead of writing
+   into what is there now, and neither the log nor a bug's traceback ever goes into such a directory.
+
+This module holds the first two steps.
 """
 
 from __future__ import annotations
@@ -25,17 +28,13 @@ import datetime
 import errno
 import fnmatch
 import hashlib
-import json
 import os
-import tempfile
-import weakref
 from pathlib import Path
 
 from ..dirlock import LOCK_NAME, DirectoryLock, LocksUnsupported, holder, try_lock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
-from .names import (ATTEMPTS, CHECKPOINT, CHECKPOINT_META, CONFIG, HOLDOUT_FOLD, RUN_FILES, RUN_MARKS, TMP,
-                    TRACEBACKS, traceback_file)
+from .names import CHECKPOINT, CHECKPOINT_META, CONFIG, HOLDOUT_FOLD, RUN_FILES, RUN_MARKS
 
 
 def run_files(path: Path) -> list[str]:
@@ -212,45 +211,6 @@ def claim(path: Path, resuming: bool = False) -> DirectoryLock | None:
     return lock
 
 
-def open_new(path: Path, cfg: RunConfig) -> tuple[Path, DirectoryLock | None]:
-    """Create, claim and check again a new run's directory, and write its ``config.json``.  A default directory
-    (no ``--out``) that another run made meanwhile (the same options started in the same second) gives way to
-    the next free name, so it is returned."""
-    while True:
-        try:
-            path.mkdir(parents=True, exist_ok=cfg.out is not None)
-            break
-        except FileExistsError:
-            path = default_run_dir(cfg)
-        except OSError as exc:
-            raise MpiflError(f"cannot create the run directory {path} ({exc.strerror}); pass another --out") from None
-    lock = claim(path)
-    found = run_files(path)
-    if found:  # another run took it between the check and now
-        if lock is not None:
-            lock.release()
-        raise MpiflError(f"run directory {path} was taken by another run while this one set up ({', '.join(found)}); "
-                         "pass another --out")
-    write_config(path, cfg, lock)
-    return path, lock
-
-
-def archive_attempt(path: Path) -> str | None:
-    """A resumed run, once it may write: the tracebacks of the attempt that failed go to ``attempts/<k>/`` (the
-    k-th attempt), so the directory shows this attempt's files only; the line for the log, or None."""
-    tracebacks = sorted(path.glob(TRACEBACKS))
-    if not tracebacks:
-        return None
-    history = path / ATTEMPTS
-    k = 1 + sum(1 for p in history.iterdir() if p.is_dir()) if history.is_dir() else 1
-    folder = history / str(k)
-    folder.mkdir(parents=True)
-    for file in tracebacks:
-        os.replace(file, folder / file.name)
-    return (f"the failed attempt's {', '.join(f.name for f in tracebacks)} moved to {folder} (attempt {k}); "
-            "this attempt writes its own")
-
-
 def config_digest(path: Path) -> str | None:
     """sha256 of ``path``'s ``config.json`` as this process sees it (None: it sees none): the ranks of a job compare
     theirs, to find a run directory that is not on a file system every node shares."""
@@ -258,68 +218,3 @@ def config_digest(path: Path) -> str | None:
         return hashlib.sha256((Path(path) / CONFIG).read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def unmake_new(path: Path, lock: DirectoryLock | None) -> None:
-    """Undo :func:`open_new` for a run refused right after it (its ``config.json``, its claim, the empty directory)."""
-    (Path(path) / CONFIG).unlink(missing_ok=True)
-    if lock is not None:
-        lock.release()
-    try:
-        Path(path).rmdir()
-    except OSError:
-        pass  # something else is there now: not this run's to remove
-
-
-def write_config(path: Path, cfg: RunConfig, lock: DirectoryLock | None) -> None:
-    """``config.json``, atomically (temp file + rename: the other ranks of a resumed run read it); and who holds
-    the directory, for the message of a second run refused."""
-    tmp = path / (CONFIG + TMP)
-    tmp.write_text(json.dumps(cfg.to_flat(), indent=2) + "\n")
-    os.replace(tmp, path / CONFIG)
-    if lock is not None:
-        lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")
-
-
-class Kept:
-    """A run directory as this run opened it, held by a descriptor (so its inode is not reused by a directory made
-    later at its path): what may be written there while the run goes on."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        weakref.finalize(self, os.close, self._descriptor)
-
-    def intact(self) -> bool:
-        """Whether the directory at the path is still the one opened (not removed, moved or replaced)."""
-        mine = _identity(self._descriptor)
-        return mine is not None and _identity(self.path) == mine
-
-    def check(self) -> None:
-        """Stop (one line) before writing into a run directory that was removed or replaced while the run went on:
-        what is at its path now belongs to someone else, and this run's files must not mix with it."""
-        if not self.intact():
-            raise MpiflError(f"the run directory {self.path} was removed or replaced while this run was writing it; "
-                             "the run stops so that its files do not mix with what is there now")
-
-    def write_traceback(self, rank: int, text: str) -> str:
-        """Rank ``rank``'s traceback of a bug, in the run directory while it is this run's, else in a temporary
-        file; where it went, for the rank's one line."""
-        if self.intact():
-            path = traceback_file(self.path, rank)
-            path.write_text(text)
-            return str(path)
-        with tempfile.NamedTemporaryFile("w", prefix=f"mpifl-traceback-rank{rank}-", suffix=".txt",
-                                         delete=False) as file:
-            file.write(text)
-        return f"{file.name}: the run directory {self.path} was removed or replaced"
-
-
-def _identity(directory: Path | int) -> tuple[int, int] | None:
-    """(device, inode) of a directory by path or open descriptor; None when nothing is there (for a descriptor:
-    when the directory was removed)."""
-    try:
-        status = os.stat(directory)
-    except OSError:
-        return None
-    return (status.st_dev, status.st_ino) if status.st_nlink else None

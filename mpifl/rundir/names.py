@@ -1,5 +1,7 @@
-"""Every name a run writes into its directory, in one block.  The server, client ranks, reports, analyses and
-benchmarks take these names from here; :data:`RUN_FILES` (what makes a directory a run's) is built from them."""
+"""Every name a run writes into its directory, in one block.  The writer (:mod:`.rundir`, :mod:`.checkpoint`), the
+reports, analyses, benchmarks and launch scripts take these names from here; :data:`RUN_FILES` (what makes a
+directory a run's) is built from them.  Imports nothing beyond the standard library, so any Python can ask it
+(``python -c 'from mpifl.rundir.names import METRICS; print(METRICS)'``)."""
 
 from __future__ import annotations
 

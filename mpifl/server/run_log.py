@@ -1,4 +1,5 @@
-"""Run outputs on rank 0: ``metrics.jsonl`` per round, ``summary.csv`` and ``summary.md``.
+"""The run's records on rank 0: ``metrics.jsonl`` per round, ``summary.csv`` and ``summary.md`` (their rows; the
+run directory, :class:`mpifl.rundir.rundir.RunDir`, writes them).
 
 One JSON line per round::
 
@@ -46,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MpiflError
-from ..rundir.directory import Kept
-from ..rundir.names import METRICS, SUMMARY_CSV, SUMMARY_MD, TMP
+from ..rundir.names import METRICS, SUMMARY_CSV
+from ..rundir.rundir import RunDir
 from ..transport.messages import EVAL_SPLITS
 
 
@@ -107,13 +108,11 @@ def metric_of(records: list[dict]) -> str:
 
 
 class MetricsLog:
-    """Appends round records in order and writes the summaries at the end."""
+    """Appends round records in order and writes the summaries at the end, into ``run_dir``."""
 
-    def __init__(self, run_dir: Path, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
+    def __init__(self, run_dir: RunDir, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
                  selection: str = "val-mean", metric: str = "acc"):
-        self.path = run_dir / METRICS
         self.run_dir = run_dir
-        self.directory = Kept(run_dir)  # written only while it is the run's own (checkpoints too, Server)
         self.kinds = kinds
         self.domains = domains  # source domains
         self.holdout = holdout
@@ -132,11 +131,9 @@ class MetricsLog:
         written after the checkpoint), and wait again for the evaluation of ``pending`` if the continued
         run evaluates that round (``evaluated``; a run extended past its last round may not)."""
         last = round_index - 1 if pending else round_index
-        self.directory.check()
-        self.records = [r for r in read_records(self.path) if r["round"] <= last]
-        tmp = self.path.with_name(self.path.name + TMP)
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        tmp.replace(self.path)
+        self.run_dir.check()  # before reading: what is at the path may be another run's
+        self.records = [r for r in read_records(self.run_dir.path / METRICS) if r["round"] <= last]
+        self.run_dir.rewrite_records(self.records)
         if pending:
             pending.pop("eval", None)
             self.add_round(pending, awaits_eval=evaluated)
@@ -155,10 +152,8 @@ class MetricsLog:
         self._write(record)
 
     def _write(self, record: dict) -> None:
-        self.directory.check()
+        self.run_dir.append_record(record)
         self.records.append(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
 
     def last_mean_acc(self) -> tuple[int | None, float | None]:
         """(round, mean test accuracy) of the newest evaluated round; (None, None) before the first."""
@@ -167,15 +162,13 @@ class MetricsLog:
                 return record["round"], record["eval"][self.kinds[0]]["test"]["mean"][self.metric]
         return None, None
 
-    def write_summary(self) -> list[dict]:
-        self.directory.check()
+    def write_summary(self) -> str:
+        """``summary.csv`` and ``summary.md``; the latter's text."""
+        self.run_dir.check()  # first: a run whose directory is gone stops with that line, whatever its records
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
-        with (self.run_dir / SUMMARY_CSV).open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        (self.run_dir / SUMMARY_MD).write_text(summary_markdown(rows))
-        return rows
+        markdown = summary_markdown(rows)
+        self.run_dir.write_summaries(rows, markdown)
+        return markdown
 
 
 def read_records(path: Path) -> list[dict]:

@@ -4,14 +4,14 @@ run log and the summaries, and the one line that says a stopped run can be resum
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from .. import __version__
 from ..algorithms.core.reduction import FoldThreads
 from ..plan.config import RunConfig
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint
-from ..rundir.names import LOG, SUMMARY_MD
+from ..rundir.names import CHECKPOINT
+from ..rundir.rundir import RunDir
 from ..session.protocol import RoundProtocol
 from ..session.session import Session
 from ..transport.comm import Comm
@@ -20,7 +20,7 @@ from .run_log import MetricsLog
 from .server import Server
 
 
-def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: Checkpoint | None,
+def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed: Checkpoint | None,
           stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool]) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
     (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads, and
@@ -29,9 +29,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
                  f"{len(session.manifest.domains)} domains) with {cfg.model}, {cfg.rounds} rounds, "
-                 f"{n_hosts} client ranks{' (in-process)' if comm.in_process else ''}; run directory {run_dir}"]
+                 f"{n_hosts} client ranks{' (in-process)' if comm.in_process else ''}; run directory {run_dir.path}"]
     if resumed:
-        log_lines.append(f"resuming after round {resumed.round} from {run_dir / 'checkpoint'}"
+        log_lines.append(f"resuming after round {resumed.round} from {run_dir.path / CHECKPOINT}"
                          + ("" if len(resumed.ranks) == n_hosts else
                             f"; its clients were on {len(resumed.ranks)} client ranks, now placed on {n_hosts}"))
         if resumed.threads and set(resumed.threads) != set(threads):  # --threads, or automatic on other ranks
@@ -51,37 +51,33 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: Path, resumed: 
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())
-    with (run_dir / LOG).open("a") as log_file:
-        for line in log_lines:
-            (_err if line.startswith("mpifl: warning") else print)(line)
-            log_file.write(line + "\n")
-        log_file.flush()  # a job killed later still leaves who ran where
-        progress = Progress(cfg.rounds, metric=session.algo.task.metric)
-        metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout,
-                             session.algo.selection, session.algo.task.metric)
-        if resumed:
-            metrics.resume(resumed.round, resumed.pending,
-                           evaluated=RoundProtocol(session).evaluates_round(resumed.round))
+    for line in log_lines:
+        (_err if line.startswith("mpifl: warning") else print)(line)
+    run_dir.log("".join(line + "\n" for line in log_lines))  # at once: a job killed later still leaves who ran where
+    progress = Progress(cfg.rounds, metric=session.algo.task.metric)
+    metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout,
+                         session.algo.selection, session.algo.task.metric)
+    if resumed:
+        metrics.resume(resumed.round, resumed.pending,
+                       evaluated=RoundProtocol(session).evaluates_round(resumed.round))
 
-        def on_round(r: int, evaluated: int | None, acc: float | None) -> None:
-            progress.update(r, acc)
-            log_file.write(f"round {r}: " + ("not evaluated yet\n" if evaluated is None else
-                                             f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
-            log_file.flush()
+    def on_round(r: int, evaluated: int | None, acc: float | None) -> None:
+        progress.update(r, acc)
+        run_dir.log(f"round {r}: " + ("not evaluated yet\n" if evaluated is None else
+                                      f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
 
-        with FoldThreads(count, behind) as folds:
-            server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
-            server.run()
-        if server.stopped_by:
-            line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
-                    f"{run_dir / 'checkpoint'}; continue with --resume {run_dir}")
-            _err(line)
-            log_file.write(line + "\n")
-            return server.stopped_by
-        metrics.write_summary()
-        summary = (run_dir / SUMMARY_MD).read_text()
-        print(summary)
-        log_file.write(summary)
+    with FoldThreads(count, behind) as folds:
+        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
+        server.run()
+    if server.stopped_by:
+        line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
+                f"{run_dir.path / CHECKPOINT}; continue with --resume {run_dir.path}")
+        _err(line)
+        run_dir.log(line + "\n")
+        return server.stopped_by
+    summary = metrics.write_summary()
+    print(summary)
+    run_dir.log(summary)
     return None
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -29,8 +28,9 @@ from ..algorithms.core.reduction import SERIAL, Behind, FoldThreads
 from ..data.manifest import build_of
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
-from ..rundir.checkpoint import Checkpoint, FileRecord, commit, identity, load_server, rank_file, save_server
+from ..rundir.checkpoint import Checkpoint, FileRecord, identity, load_server, rank_file
 from ..rundir.names import SERVER_FILE
+from ..rundir.rundir import RunDir
 from ..session.protocol import RoundPlan, RoundProtocol
 from ..session.session import Session
 from ..transport.buffers import ReusedBuffer
@@ -59,7 +59,7 @@ class Server:
     """
 
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
-                 on_round: Callable[[int, int | None, float | None], None], run_dir: Path,
+                 on_round: Callable[[int, int | None, float | None], None], run_dir: RunDir,
                  resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None,
                  folds: FoldThreads = SERIAL):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
@@ -67,7 +67,7 @@ class Server:
         self.threads = threads  # each client rank's torch threads, for the checkpoints
         self.algo = session.algo
         self.protocol = RoundProtocol(session, start=resumed.round if resumed else 0)
-        self.state = load_server(run_dir, resumed) if resumed else self.algo.init_server(session.initial)
+        self.state = load_server(run_dir.path, resumed) if resumed else self.algo.init_server(session.initial)
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
@@ -84,8 +84,7 @@ class Server:
             messages = self.protocol.open(r)
             header = self.protocol.header(r, stop_requested)
             if header.saves:  # the state after round r-1, and its record still waiting for an evaluation
-                self.log.directory.check()  # the client ranks write theirs on this message: none into another's
-                server_file = save_server(self.run_dir, r - 1, self.state)
+                server_file = self.run_dir.save_server(r - 1, self.state)
                 pending = copy.deepcopy(self.log.pending)
             down = self.down_buffer.get(messages.down.nbytes)
             waiting, moving = self.comm.seconds_waiting, self.comm.seconds_moving
@@ -107,11 +106,10 @@ class Server:
             if header.saves:  # the gather proves every client rank has written its file, and says what it wrote
                 files = {SERVER_FILE: server_file} | {rank_file(rank): FileRecord(*saved_file(report))
                                                       for rank, report in enumerate(reports, start=1)}
-                self.log.directory.check()
-                commit(self.run_dir, Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
-                                                ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
-                                                identity=identity(self.session.cfg), files=files,
-                                                data=build_of(self.session.manifest), threads=self.threads))
+                self.run_dir.commit(Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
+                                               ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
+                                               identity=identity(self.session.cfg), files=files,
+                                               data=build_of(self.session.manifest), threads=self.threads))
             if header.action == STOP:
                 self.stopped_by, self.stopped_after = self.stop.describe(), r - 1
                 break

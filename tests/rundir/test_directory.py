@@ -18,7 +18,8 @@ import pytest
 from mpifl.dirlock import LOCK_NAME
 from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
-from mpifl.rundir.directory import Kept, check_new, default_run_dir, open_new, run_files
+from mpifl.rundir.directory import check_new, default_run_dir, run_files
+from mpifl.rundir.rundir import RunDir
 
 from ..conftest import REPO, read_metrics, run_here
 
@@ -146,14 +147,15 @@ def test_a_default_run_directory_made_meanwhile_by_another_run_gives_way_to_the_
     cfg = RunConfig(model="smallcnn")
     taken = default_run_dir(cfg)
     taken.mkdir(parents=True)  # another run with the same options, started in the same second, made it first
-    path, lock = open_new(taken, cfg)
+    opened = RunDir.create(taken, cfg)
+    path = opened.path
     try:
         assert path != taken and path.name.startswith(taken.name) and (path / "config.json").is_file()
         assert run_files(taken) == []
     finally:
-        lock.release()
+        opened.release()
     with pytest.raises(MpiflError, match="was taken by another run while this one set up"):
-        open_new(path, RunConfig(model="smallcnn", out=str(path)))  # a given --out is never renamed
+        RunDir.create(path, RunConfig(model="smallcnn", out=str(path)))  # a given --out is never renamed
 
 
 @pytest.mark.slow
@@ -248,8 +250,9 @@ def test_dot_dot_lands_where_the_kernel_puts_it_and_only_that_is_made(tmp_path, 
     (tmp_path / "run" / "extra").mkdir()
     monkeypatch.chdir(tmp_path)
     before = set(tmp_path.rglob("*"))
-    path, lock = open_new(check_new(Path(out)), RunConfig(model="smallcnn", out=out))
-    lock.release()
+    opened = RunDir.create(check_new(Path(out)), RunConfig(model="smallcnn", out=out))
+    opened.release()
+    path = opened.path
     assert path.resolve() == tmp_path / lands and (path / "config.json").is_file()
     folders = {p for p in set(tmp_path.rglob("*")) - before if p.is_dir()}
     assert folders == {tmp_path / Path(*Path(lands).parts[:k]) for k in range(1, len(Path(lands).parts) + 1)}
@@ -353,17 +356,3 @@ def test_a_run_whose_directory_goes_away_stops_in_one_line_and_writes_nowhere_el
     assert job.returncode == 2
     one_error(job, f"the run directory {run} was removed or replaced while this run was writing it")
     assert (not run.exists()) if how == "removed" else list(run.iterdir()) == []
-
-
-def test_a_bugs_traceback_never_goes_into_a_directory_that_replaced_the_runs(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    kept = Kept(run)
-    assert kept.write_traceback(1, "first") == str(run / "traceback-rank1.txt")
-    shutil.rmtree(run)
-    run.mkdir()  # another's now
-    where = kept.write_traceback(1, "second")
-    assert not kept.intact() and list(run.iterdir()) == []
-    path = Path(where.split(":")[0])
-    assert path.read_text() == "second" and f"the run directory {run} was removed or replaced" in where
-    path.unlink()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpifl.errors import MpiflError
+from mpifl.rundir.rundir import RunDir
 from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, read_records, selection_of,
                                   summarize_eval, summary_rows)
 from mpifl.transport.messages import CLIENT_META
@@ -68,7 +69,7 @@ def test_selection_of_a_run_resolves_auto_to_its_methods_rule():
 
 
 def test_log_holds_a_round_until_its_evaluation_and_writes_summaries(tmp_path):
-    log = MetricsLog(tmp_path, ("global",), ["a"])
+    log = MetricsLog(RunDir(tmp_path), ("global",), ["a"])
     assert log.last_mean_acc() == (None, None)
     log.add_round({"round": 1}, awaits_eval=True)
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -100,7 +101,7 @@ def test_fold_summary_table(tmp_path):
 def test_a_run_directory_removed_and_made_again_under_the_run_stops_it_before_its_records_mix(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    log = MetricsLog(run, ("global",), ["a"])
+    log = MetricsLog(RunDir(run), ("global",), ["a"])
     log.add_round({"round": 1}, awaits_eval=False)
     for path in run.iterdir():
         path.unlink()
