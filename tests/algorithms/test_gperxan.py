@@ -141,5 +141,6 @@ def test_perxan_blocks_on_densenet_is_the_first_dense_block_with_its_transition_
 
 @pytest.mark.parametrize("blocks", ["0", "4", "two"])
 def test_perxan_blocks_out_of_range_is_a_one_line_error(blocks):
-    with pytest.raises(MpiflError, match="--perxan-blocks must be auto, all, N or N-nostem with N a number of stages from 1 to 3"):
+    with pytest.raises(MpiflError, match="--perxan-blocks must be auto, all, N or N-nostem with N a number of "
+                                         "stages from 1 to 3"):
         _adapted(blocks)

@@ -41,7 +41,8 @@ REDECLARED = METHOD.replace("from .core.options import SERVER_LR\n", "from ..pla
     "(SERVER_LR,)", '(Option("server_lr", float, 0.5, "server step size"),)')
 
 QUICK_LOOP = [f"tests/algorithms/test_registry.py::test_every_registered_method_trains_one_round[{NAME}]",
-              "tests/algorithms/test_registry.py::test_readme_table_has_one_row_per_registered_algorithm_and_no_stale_row",
+              "tests/algorithms/test_registry.py::"
+              "test_readme_table_has_one_row_per_registered_algorithm_and_no_stale_row",
               f"tests/algorithms/test_{MODULE}.py", "tests/job/test_options_doc.py"]
 
 

@@ -19,8 +19,8 @@ first, then its helpers in the order of :class:`~mpifl.algorithms.core.helpers.A
 order of the class bodies (``Algorithm``'s the hooks, ``AlgorithmHelpers``' the helpers), every override of a
 ``chain`` hook in a registered method (mixins included) calls ``super()``, no method overrides a helper, each role's
 first hook is its most overridden, and the runtime package ``where`` names calls it (an "internal" one is called by
-none). What only running a method shows is checked dynamically: the guiding regularizer's chain (``begin_local``, ``extra_loss``, a method's
-own ``batch_loss`` adding ``plus_extra``) for every method whose download holds the classifier, in
+none). What only running a method shows is checked dynamically: the guiding regularizer's chain (``begin_local``,
+``extra_loss``, a method's own ``batch_loss`` adding ``plus_extra``) for every method whose download holds the classifier, in
 ``tests/algorithms/core/test_guide.py``
 (``test_every_method_adds_the_guide_to_its_loss_or_refuses_it_in_one_line``); the share policy, aggregation, option
 choices, ``fresh_optimizer`` and ``check_task`` in ``tests/algorithms/core/test_base.py``; ``norm_kind`` and
