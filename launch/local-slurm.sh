@@ -86,8 +86,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job may start again after cred_expire seconds (default 120)
-AuthInfo=cred_expire=10
+# a requeued job may start again after cred_expire seconds (default 120; 5 is Slurm's least)
+AuthInfo=cred_expire=5
 StateSaveLocation=${dir}/ctld
 SlurmdSpoolDir=${dir}/d${suffix}
 SlurmctldPidFile=${dir}/slurmctld.pid
@@ -104,6 +104,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=pmi2
 SchedulerType=sched/backfill
+# a job that becomes eligible by time (a requeued one) waits for the next scheduling pass: every second here
+# (defaults: 60 s for the main scheduler, 30 s for backfill)
+SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # the declared node is larger than the machine: do not drain it for that

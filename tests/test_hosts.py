@@ -448,7 +448,7 @@ def job_field(job: str, field: str) -> str:
 def test_slurm_runs_a_script_over_two_nodes_and_a_job_whose_node_fails_resumes_on_others(slurm_on_hosts, up, data_root,
                                                                                          tmp_path):
     """``sbatch -N 2 slurm/styledigits.sh``: its six ranks on two nodes, three each.  Its second node killed after
-    a checkpoint: Slurm declares the node down (SlurmdTimeout, 10 s), requeues the job (the script's --requeue), which
+    a checkpoint: Slurm declares the node down (SlurmdTimeout), requeues the job (the script's --requeue), which
     runs on the two nodes left and resumes the run from its checkpoint, ending with the uninterrupted numbers.
     (This Slurm declares a node down after 6 s and kills a job's processes 5 s after asking them to end.)"""
     extra = ("--model", "smallcnn", "--rounds", "5", "--local-epochs", "1", "--samples-per-client", "320",
