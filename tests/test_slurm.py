@@ -210,19 +210,6 @@ def test_a_requeued_job_resumes_its_run_directory(tmp_path):
 
 # ---------------------------------------------------------------- real jobs
 
-def test_styledigits_job_runs_and_writes_its_run_directory(slurm, data_root, tmp_path):
-    job = submit("styledigits.sh", tmp_path, data_root, MPIFL_ARGS=f"{TINY} --rounds 2")
-    (record,) = wait_for(job, tmp_path)
-    assert_completed(record, tmp_path)
-    run_dir = tmp_path / "runs" / f"mpifl-styledigits-{job}"
-    assert [m["round"] for m in read_metrics(run_dir)] == [1, 2]
-    rows = (run_dir / "summary.csv").read_text().splitlines()
-    assert rows[0].startswith("model,domain") and len(rows) == 1 + 6  # 5 domains and the mean
-    out = (tmp_path / f"slurm-{job}.out").read_text()
-    assert "srun --ntasks=6 --cpus-per-task=2 python -m mpifl.run --data styledigits" in out
-    assert "job step ended with exit code 0" in out
-
-
 def test_job_array_runs_one_seed_per_task_through_mpirun(slurm, data_root, tmp_path):
     job = submit("styledigits.sh", tmp_path, data_root, "--array=0-1", MPIFL_LAUNCHER="mpirun",
                  MPIFL_ARGS=f"{TINY} --rounds 1")
@@ -299,6 +286,8 @@ if rank == 0:  # what a finished run writes last (slurm/common.sh checks for sum
 
 
 def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(slurm, data_root, tmp_path):
+    """slurm/styledigits.sh as submitted (srun, six ranks) writes its run directory; SIGUSR1 after round 1: the
+    ranks checkpoint, the job requeues itself and resumes, and every round equals an uninterrupted run's."""
     settings = ["--model", "smallcnn", "--threads", "1", "--rounds", "6", "--lr", "0.05", "--seed", "3"]
     baseline = launch(3, "--data-root", str(data_root), *settings, "--out", str(tmp_path / "baseline"))
     assert baseline.returncode == 0, baseline.stderr
@@ -311,8 +300,13 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_run(s
     assert_completed(record, tmp_path)
     assert record["Restarts"] == "1", out
     assert "job step ended with exit code 75" in out and f"--resume {run_dir}" in out
+    assert "srun --ntasks=6 --cpus-per-task=2 python -m mpifl.run --data styledigits" in out
+    assert out.rstrip().endswith("job step ended with exit code 0"), out
+    assert [m["round"] for m in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
     assert numbers(run_dir) == numbers(tmp_path / "baseline")  # every round, bit for bit
-    assert (run_dir / "summary.csv").read_text() == (tmp_path / "baseline" / "summary.csv").read_text()
+    rows = (run_dir / "summary.csv").read_text().splitlines()
+    assert rows[0].startswith("model,domain") and len(rows) == 1 + 6  # 5 domains and the mean
+    assert rows == (tmp_path / "baseline" / "summary.csv").read_text().splitlines()
 
 
 @pytest.mark.parametrize("code", [69, 0])
