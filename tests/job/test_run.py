@@ -177,9 +177,11 @@ def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_root, style_model, tmp_path, algo):
-    """10 clients, half of them per round: partial participation for every method, in one process."""
+    """10 clients, half of them per round: partial participation for every method, in one process; 16 training
+    images per client (the bytes do not depend on them; learning is test_fedavg_three_rounds_learns...'s)."""
     run = tmp_path / algo
-    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", *own_options(algo, style_model))
+    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", "--threads", "1", "--samples-per-client", "16",
+                "--batch-size", "8", *own_options(algo, style_model))
     job = run_here(*_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling))
     assert job.returncode == 0, job.stderr
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
