@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--lr", "0.05",
-            "--momentum", "0.9", *extra]
+            "--momentum", "0.9", "--threads", "1", *extra]
 
 
 def test_fedavg_three_rounds_learns_and_writes_outputs(data_root, tmp_path):
@@ -98,7 +98,8 @@ def test_a_held_out_domain_is_evaluated_by_every_client_rank_to_the_same_numbers
 
 
 def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_path):
-    job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--eval-every", "2"))
+    job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--eval-every", "2", "--samples-per-client",
+                          "64"))
     assert job.returncode == 0, job.stderr
     lines = [l for l in (tmp_path / "r" / "log.txt").read_text().splitlines() if l.startswith("round ")]
     assert [l.split(":")[0] for l in lines] == ["round 1", "round 2", "round 3"]
@@ -108,7 +109,8 @@ def test_log_names_every_round_once_with_the_evaluation_it_knows(data_root, tmp_
 
 
 def test_singleset_evaluates_personal_models(data_root, tmp_path):
-    job = run_here(*_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2"))
+    job = run_here(*_args(data_root, tmp_path / "s", "--algo", "singleset", "--rounds", "2", "--samples-per-client",
+                          "64"))
     assert job.returncode == 0, job.stderr
     record = read_metrics(tmp_path / "s")[-1]
     assert set(record["eval"]) == {"personal"}
@@ -162,7 +164,8 @@ def test_show_manifest_of_absent_data_is_one_line(tmp_path):
 
 
 def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
-    job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1"))
+    job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1", "--samples-per-client",
+                          "64"))
     assert job.returncode == 0, job.stderr
     folds = sorted(p.name for p in (tmp_path / "lodo").iterdir() if p.is_dir())
     assert folds == ["holdout-mono", "holdout-outline", "holdout-paper", "holdout-street", "holdout-texture"]
@@ -178,10 +181,10 @@ def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_root, style_model, tmp_path, algo):
     """10 clients, half of them per round: partial participation for every method, in one process; 16 training
-    images per client (the bytes do not depend on them; learning is test_fedavg_three_rounds_learns...'s)."""
+    images per client (the bytes do not depend on them; learning is checked by the first test here)."""
     run = tmp_path / algo
-    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", "--threads", "1", "--samples-per-client", "16",
-                "--batch-size", "8", *own_options(algo, style_model))
+    sampling = ("--clients-per-domain", "2", "--fraction", "0.5", "--samples-per-client", "16", "--batch-size", "8",
+                *own_options(algo, style_model))
     job = run_here(*_args(data_root, run, "--algo", algo, "--rounds", "2", *sampling))
     assert job.returncode == 0, job.stderr
     manifest = run_here(*_args(data_root, tmp_path / "m", "--algo", algo, "--show-manifest", *sampling))
@@ -230,7 +233,7 @@ def test_fedrdn_adds_only_channel_statistics_to_the_wire(data_root, tmp_path):
 
 def test_fixbn_stops_sending_bn_statistics_after_its_first_stage(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "fx", "--algo", "fixbn", "--rounds", "4", "--fixbn-stage-rounds",
-                                "2", "--lr", "0.01", "--momentum", "0"))
+                          "2", "--lr", "0.01", "--momentum", "0", "--samples-per-client", "16"))
     assert job.returncode == 0, job.stderr
     stats = 4 * 2 * (16 + 32 + 64)  # SmallCNN: running mean and var of its three BN layers, float32
     down = [r["bytes"]["down"] // 5 for r in read_metrics(tmp_path / "fx")]
@@ -244,7 +247,8 @@ def test_fixbn_stops_sending_bn_statistics_after_its_first_stage(data_root, tmp_
     ("fednn", ("--clients-per-domain", "4", "--fraction", "0.5")),
 ])
 def test_cross_device_and_batch_size_one(data_root, tmp_path, algo, extra):
-    job = run_here(*_args(data_root, tmp_path / "r", "--algo", algo, "--rounds", "2", *extra))
+    job = run_here(*_args(data_root, tmp_path / "r", "--algo", algo, "--rounds", "2", "--samples-per-client", "32",
+                          *extra))
     assert job.returncode == 0, job.stderr
     records = read_metrics(tmp_path / "r")
     per_round = 5 if "0.25" in extra else 10
