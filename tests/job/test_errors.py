@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def _args(data_root, out, *extra):
-    return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "2", *extra]
+    return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "2", "--threads", "1",
+            *extra]
 
 
 def _one_error_line(job, pattern: str) -> str:
@@ -66,7 +67,7 @@ def test_gpu_buffers_on_an_mpi_without_cuda_support_are_refused(data_root, tmp_p
 
 
 def test_one_mpi_rank_runs_the_server_and_a_client_host_in_process(data_root, tmp_path):
-    job = launch(1, *_args(data_root, tmp_path / "r", "--rounds", "1"), timeout=120)
+    job = launch(1, *_args(data_root, tmp_path / "r", "--rounds", "1", "--samples-per-client", "64"), timeout=120)
     assert job.returncode == 0, job.stderr
     assert "1 client ranks (in-process)" in (tmp_path / "r" / "log.txt").read_text()
 
@@ -173,7 +174,7 @@ def test_more_client_ranks_than_clients_warns_and_finishes(tmp_path):
 
 
 def test_nan_loss_names_client_and_round(data_root, tmp_path):
-    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "3"),
+    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "3", "--samples-per-client", "64"),
                  env={"MPIFL_FAULT": "nan:client=3,round=2"}, timeout=60)
     assert job.returncode != 0
     line = _one_error_line(job, "client 3")
@@ -181,14 +182,16 @@ def test_nan_loss_names_client_and_round(data_root, tmp_path):
 
 
 def test_a_diverging_learning_rate_is_caught_as_nan(data_root, tmp_path):
-    job = launch(2, *_args(data_root, tmp_path / "r", "--lr", "1e12", "--rounds", "2"), timeout=60)
+    job = launch(2, *_args(data_root, tmp_path / "r", "--lr", "1e12", "--rounds", "2", "--samples-per-client", "64"),
+                 timeout=60)
     assert job.returncode != 0
     _one_error_line(job, "lower --lr")
 
 
 @pytest.mark.parametrize("fault", ["raise:rank=2,round=2", "exit:rank=1,round=1"])
 def test_a_failing_rank_ends_the_job_promptly(data_root, tmp_path, fault):
-    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "50"), env={"MPIFL_FAULT": fault}, timeout=60)
+    job = launch(3, *_args(data_root, tmp_path / "r", "--rounds", "50", "--samples-per-client", "64"),
+                 env={"MPIFL_FAULT": fault}, timeout=60)
     assert job.returncode != 0
     assert job.seconds < 30
     if fault.startswith("raise"):
