@@ -27,6 +27,9 @@ def _args(data_root, out, *extra):
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--rounds", "50", *extra]
 
 
+SMALL = ("--threads", "1", "--samples-per-client", "64")  # short rounds, where a test waits for a fault, not a round
+
+
 def pids(run) -> dict[int, str]:
     """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how docs/faults.md finds a rank by its pid."""
     lines = [line for line in (run / "log.txt").read_text().splitlines() if line.startswith("rank ")]
@@ -54,7 +57,8 @@ def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_ho
                                                                                    waiting_for):
     """A hung rank still sends its heartbeats: it is hung, not lost, whatever --peer-timeout (2 s here)."""
     run = tmp_path / "r"
-    job = launch(3, *_args(data_root, run, "--round-timeout", "8", "--peer-timeout", "2"), env={"MPIFL_FAULT": fault},
+    job = launch(3, *_args(data_root, run, "--round-timeout", "8", "--peer-timeout", "2", *SMALL),
+                 env={"MPIFL_FAULT": fault},
                  timeout=120)
     assert job.returncode == 2
     errors = job.lines("mpifl: error")
@@ -70,7 +74,8 @@ def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_wi
     """SIGSTOP freezes rank 2 whole, heartbeats included, as a node that stopped answering would: after --peer-timeout
     rank 0 names it once, with its pid and host, in log.txt too, and ends the job (exit 69); nothing hangs."""
     run = tmp_path / "r"
-    command = [*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run, "--peer-timeout", "3")]
+    command = [*mpirun_command(3), sys.executable, "-m", "mpifl.run",
+               *_args(data_root, run, "--peer-timeout", "3", *SMALL)]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT})
     try:
@@ -94,7 +99,7 @@ def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_wi
 
 
 def test_an_exception_on_the_server_ends_the_job_with_its_line(data_root, tmp_path):
-    job = launch(3, *_args(data_root, tmp_path / "r"), env={"MPIFL_FAULT": "raise:rank=0,round=2"}, timeout=90)
+    job = launch(3, *_args(data_root, tmp_path / "r", *SMALL), env={"MPIFL_FAULT": "raise:rank=0,round=2"}, timeout=90)
     assert job.returncode == 1 and job.seconds < 60
     lines = job.lines("mpifl: rank 0 failed: RuntimeError: injected fault")
     assert len(lines) == 1 and (tmp_path / "r" / "traceback-rank0.txt").exists()
@@ -103,7 +108,7 @@ def test_an_exception_on_the_server_ends_the_job_with_its_line(data_root, tmp_pa
 @pytest.mark.parametrize("fault", ["raise:rank=0,round=2", "raise:rank=1,round=2", "hang:rank=0,round=2"])
 def test_in_one_process_a_failing_or_hung_rank_ends_the_run_at_once_with_one_line(data_root, tmp_path, fault):
     extra = ("--round-timeout", "5") if fault.startswith("hang") else ()
-    job = run_in_process(*_args(data_root, tmp_path / "r", "--threads", "1", *extra), env={"MPIFL_FAULT": fault},
+    job = run_in_process(*_args(data_root, tmp_path / "r", *SMALL, *extra), env={"MPIFL_FAULT": fault},
                          timeout=90)
     lines = job.lines("mpifl: ")
     assert len(lines) == 1 and "Traceback" not in job.stderr and job.seconds < 40, job.stderr
@@ -138,7 +143,7 @@ def test_a_stop_signal_checkpoints_the_whole_job_says_so_once_and_exits_75(data_
     if signum == signal.SIGINT and open_mpi():
         pytest.skip("Open MPI's mpirun does not forward Ctrl-C: it ends the job itself (docs/faults.md)")
     run = tmp_path / "r"
-    proc = _started([*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run)], run)
+    proc = _started([*mpirun_command(3), sys.executable, "-m", "mpifl.run", *_args(data_root, run, *SMALL)], run)
     try:
         if to == "mpirun":
             proc.send_signal(signum)
