@@ -86,7 +86,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job may start again after cred_expire seconds (default 120; 5 is Slurm's least)
+# a requeued job may start again after cred_expire seconds (default 120)
 AuthInfo=cred_expire=5
 StateSaveLocation=${dir}/ctld
 SlurmdSpoolDir=${dir}/d${suffix}
