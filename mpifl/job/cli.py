@@ -129,9 +129,9 @@ _HELP = {
            "run is refused (symbolic links and .. count where they lead)",
     "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
     "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
-    "fold_threads": "threads rank 0 adds the clients' uploads into its sums on, each thread a range of the "
-                    "elements (the sums are the same bits for any count); 0 = the cores rank 0 may run on less "
-                    "those its node's client ranks train on (their --threads), at least 1",
+    "fold_threads": "cores rank 0 adds the clients' uploads into its sums on: itself and N-1 helper processes, "
+                    "each a range of the elements (the sums are the same bits for any count); 0 = the cores rank 0 "
+                    "may run on less those its node's client ranks train on (their --threads), 1 to 8",
     "precision": "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast (weights, gradients "
                  "and aggregation stay fp32; fp16 scales the loss and unscales before the method's gradient "
                  "hooks); for GPUs: bf16 on a CPU is much slower than fp32",

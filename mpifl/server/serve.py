@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from .. import __version__
-from ..algorithms.core.reduction import FoldThreads
+from ..algorithms.core.fold_workers import FoldWorkers
 from ..plan.config import RunConfig
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint
@@ -23,8 +23,9 @@ from .server import Server
 def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed: Checkpoint | None,
           stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool]) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
-    (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads, and
-    whether they fold behind rank 0's receives (:func:`~mpifl.transport.topology.fold_threads`)."""
+    (pid, host and threads for the log, torch threads); ``fold_threads``: the cores that fold the uploads (this
+    process and helper processes), and whether they fold behind rank 0's receives
+    (:func:`~mpifl.transport.topology.fold_threads`)."""
     threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
@@ -43,9 +44,11 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    count, behind = fold_threads
-    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {count} thread{'s' * (count > 1)} "
-                     + ("behind its receives" if behind else "between its receives (no core spare)"))
+    folds = FoldWorkers(*fold_threads)
+    helpers = f" (itself and {folds.helpers} helper process{'es' * (folds.helpers > 1)})" if folds.helpers else ""
+    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {folds.helpers + 1} "
+                     f"core{'s' * bool(folds.helpers)}{helpers} "
+                     + ("behind its receives" if folds.behind else "between its receives (no core spare)"))
     evaluated = session.evaluation().images  # mpifl.session.evaluation: the images each rank evaluates
     log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}; evaluates {evaluated[h]:,} images"
                   for h, ids in enumerate(session.placement)]
@@ -66,7 +69,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
         run_dir.log(f"round {r}: " + ("not evaluated yet\n" if evaluated is None else
                                       f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
 
-    with FoldThreads(count, behind) as folds:
+    with folds:
         server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
         server.run()
     if server.stopped_by:

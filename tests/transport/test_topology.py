@@ -15,8 +15,9 @@ ALL = frozenset(range(16))
     ((0, 1, 2, 3, 4), [1, 3, 3, 3, 3], (4, True)),  # 4 unbound client ranks of 3 threads on 16 cores leave 4
     ((0, 1, 2), [1, 8, 8], (1, False)),  # none spare: 1 thread, folding between the receives
     ((0, 1, 2), [1, 9, 9], (1, False)),
-    ((0,), [1, 4, 4], (16, True)),  # every client rank on other nodes
-    ((0, 2), [1, 4, 4], (12, True)),  # rank 1 on another node, rank 2 on rank 0's
+    ((0,), [1, 4, 4], (8, True)),  # every client rank on other nodes: 16 spare, at most 8 fold
+    ((0, 2), [1, 4, 4], (8, True)),  # rank 1 on another node, rank 2 on rank 0's: 12 spare
+    ((0, 2), [1, 4, 9], (7, True)),  # 7 spare
 ])
 def test_automatic_fold_threads_are_the_cores_the_nodes_client_ranks_leave(node_ranks, threads, expected):
     assert fold_threads(_server(node_ranks), 0, [ALL] * len(threads), threads) == expected

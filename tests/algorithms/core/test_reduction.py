@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from mpifl.algorithms import Folding, Reduction, weighted_mean
-from mpifl.algorithms.core import reduction
-from mpifl.algorithms.core.reduction import (SHARED_BLOCK, SUM_BLOCK, Behind, FoldThreads, mean_weights, ranges,
-                                             weighted_sum)
+from mpifl.algorithms.core import fold_workers
+from mpifl.algorithms.core.fold_workers import SUM_BLOCK, FoldWorkers
+from mpifl.algorithms.core.reduction import Behind, mean_weights, weighted_sum
+
+SPLIT_BLOCK = 4 * SUM_BLOCK
 
 
 def test_weighted_mean_in_float64_and_order_fixed():
@@ -66,22 +68,33 @@ def _sequential(values, coefficients):
     return acc
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 7])
-def test_folding_on_threads_gives_the_sequential_bits_for_any_count(threads):
-    """Odd sizes (no multiple of the block), zero coefficients and several windows: every thread count gives the
-    plain sequential chain's bits, which the reversed order of the same uploads does not."""
+def _shared(workers, arrays):
+    """Copies of ``arrays`` in memory that the workers' helpers share (as the server's receive buffer)."""
+    copies = []
+    for array in arrays:
+        copies.append(workers.empty(array.nbytes).view(array.dtype).reshape(array.shape))
+        copies[-1][...] = array
+    return copies
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 7])
+def test_folding_on_workers_gives_the_sequential_bits_for_any_count(workers):
+    """Odd sizes (no multiple of the block), zero coefficients and several windows, the uploads in shared memory:
+    every count of workers (this thread and helper processes) gives the plain sequential chain's bits, which the
+    reversed order of the same uploads does not; so do sums that reuse a block of memory the last fold left."""
     rng = np.random.default_rng(2)
-    shapes = {"a": (3 * SHARED_BLOCK + 17,), "b": (5, 7), "c": (), "d": (SUM_BLOCK - 1,), "e": (2, SHARED_BLOCK + 3)}
+    shapes = {"a": (3 * SPLIT_BLOCK + 17,), "b": (5, 7), "c": (), "d": (SUM_BLOCK - 1,), "e": (2, SPLIT_BLOCK + 3)}
     k = 6
-    uploads = {name: _order_sensitive(rng, shape, k) for name, shape in shapes.items()}
     coefficients = {name: rng.uniform(-2, 2, k) for name in shapes}
     coefficients["a"][[1, 4]] = 0.0
     reductions = {name: Reduction(name, coefficients[name]) for name in shapes}
-    with FoldThreads(threads) as pool:
-        folding = Folding(reductions, pool)
-        for window in ([0], [1, 2, 3], [4, 5]):
-            folding.add([{name: uploads[name][i] for name in shapes} for i in window])
-        alone = weighted_sum(uploads["a"], coefficients["a"], threads=pool)
+    with FoldWorkers(workers) as pool:
+        uploads = {name: _shared(pool, _order_sensitive(rng, shape, k)) for name, shape in shapes.items()}
+        for _ in range(3):  # the third reuses the first's block, which holds its sums
+            folding = Folding(reductions, pool)
+            for window in ([0], [1, 2, 3], [4, 5]):
+                folding.add([{name: uploads[name][i] for name in shapes} for i in window])
+        alone = weighted_sum(uploads["a"], coefficients["a"], workers=pool)
     for name in shapes:
         reference = _sequential(uploads[name], coefficients[name])
         assert folding.sums[name].shape == shapes[name]
@@ -90,54 +103,36 @@ def test_folding_on_threads_gives_the_sequential_bits_for_any_count(threads):
     assert not np.array_equal(folding.sums["a"], _sequential(uploads["a"][::-1], coefficients["a"][::-1]))
 
 
-SPLITS = [([3 * SHARED_BLOCK + 17], 2), ([35, 1, SUM_BLOCK - 1, 2 * SHARED_BLOCK + 3], 3),
-          ([0, 5 * SHARED_BLOCK, 1], 7), ([10], 4), ([0], 3)]
-
-
-@pytest.mark.parametrize("block", [SUM_BLOCK, SHARED_BLOCK])
-@pytest.mark.parametrize("sizes, parts", SPLITS)
-def test_ranges_cover_every_element_once_in_block_aligned_runs(sizes, parts, block):
-    runs = ranges(sizes, parts, block)
-    blocks = sum(-(-n // block) for n in sizes)
-    assert len(runs) == max(1, min(parts, blocks))
-    covered = [np.zeros(n, np.int64) for n in sizes]
-    for run in runs:
-        for index, start, stop in run:
-            assert start % block == 0 and start < stop <= sizes[index]
-            covered[index][start:stop] += 1
-    assert all((c == 1).all() for c in covered)
-    counts = [sum(-(-(stop - start) // block) for _, start, stop in run) for run in runs]
-    assert max(counts) - min(counts) <= 1  # as near equal in blocks as can be
-
-
 def test_a_fold_whose_ranges_overlap_or_run_out_of_order_is_caught(monkeypatch):
     """The sequential reference tells a wrong split apart: ranges that overlap add an element twice, and
     clients added in another order round otherwise."""
     rng = np.random.default_rng(3)
-    values, coefficients = _order_sensitive(rng, (4 * SHARED_BLOCK + 9,), 5), rng.uniform(0.1, 2, 5)
-    reference = _sequential(values, coefficients)
-    split = reduction.ranges
+    coefficients = rng.uniform(0.1, 2, 5)
+    split = fold_workers.ranges
 
-    def overlapping(sizes, parts, block):
+    def overlapping(sizes, parts, block=SUM_BLOCK):
         runs = split(sizes, parts, block)
         return runs[:1] + [[(i, max(0, start - block), stop) for i, start, stop in run] for run in runs[1:]]
 
-    monkeypatch.setattr(reduction, "ranges", overlapping)
-    with FoldThreads(3) as pool:
-        assert not np.array_equal(weighted_sum(values, coefficients, threads=pool), reference)
-    monkeypatch.setattr(reduction, "ranges", split)
-    with FoldThreads(3) as pool:
+    with FoldWorkers(3) as pool:
+        values = _shared(pool, _order_sensitive(rng, (4 * SPLIT_BLOCK + 9,), 5))
+        reference = _sequential(values, coefficients)
+        monkeypatch.setattr(fold_workers, "ranges", overlapping)
+        zeros = pool.sums({"s": values[0].shape})["s"]
+        zeros[:] = 0.0  # added to, not zeroed by the fold, where a zeroed block would be folded again alike
+        assert not np.array_equal(weighted_sum(values, coefficients, out=zeros, workers=pool), reference)
+        monkeypatch.setattr(fold_workers, "ranges", split)
         shuffled = [values[i] for i in (0, 2, 1, 3, 4)]
-        assert not np.array_equal(weighted_sum(shuffled, coefficients[[0, 2, 1, 3, 4]], threads=pool), reference)
-        np.testing.assert_array_equal(weighted_sum(values, coefficients, threads=pool), reference)
+        assert not np.array_equal(weighted_sum(shuffled, coefficients[[0, 2, 1, 3, 4]], workers=pool), reference)
+        np.testing.assert_array_equal(weighted_sum(values, coefficients, workers=pool), reference)
 
 
-@pytest.mark.parametrize("threads, behind", [(1, True), (2, True), (2, False)])
-def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(threads, behind):
+@pytest.mark.parametrize("workers, behind", [(1, True), (2, True), (2, False)])
+def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(workers, behind):
     """Windows handed over one after another, faster or slower than the fold, are folded in client-id order on
     a thread of their own (behind) or at once in the caller's; ``wait(k)`` returns once the first k are in."""
     rng = np.random.default_rng(4)
-    values, coefficients = _order_sensitive(rng, (2 * SHARED_BLOCK + 5,), 9), rng.uniform(-1, 1, 9)
+    coefficients = rng.uniform(-1, 1, 9)
     folded_on = set()
 
     class Recorded(Folding):
@@ -145,7 +140,8 @@ def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(th
             folded_on.add(threading.get_ident())
             super().add(window)
 
-    with FoldThreads(threads, behind) as pool:
+    with FoldWorkers(workers, behind) as pool:
+        values = _shared(pool, _order_sensitive(rng, (2 * SPLIT_BLOCK + 5,), 9))
         folding = Recorded({"s": Reduction("x", coefficients)}, pool)
         handed = Behind(folding)
         for start, stop in ((0, 1), (1, 4), (4, 6), (6, 7), (7, 9)):
@@ -160,7 +156,7 @@ def test_folding_behind_gives_the_sequential_bits_and_waits_for_what_is_asked(th
 
 
 def test_a_failed_fold_behind_is_raised_where_it_is_waited_for():
-    with FoldThreads(2) as pool:
+    with FoldWorkers(2) as pool:
         behind = Behind(Folding({"s": Reduction("x", [1.0, 1.0])}, pool))
         behind.hand([{"x": np.zeros(3, np.int64)}])
         with pytest.raises(TypeError, match="floating-point"):
