@@ -50,9 +50,11 @@ runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the s
 round do not pass through rank 0's memory at once: aggregation is a reduction).
 
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
-ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` thread counts
-(:class:`~mpifl.algorithms.core.reduction.FoldThreads`), all at once and one client at a time (as the server folds
-each behind the next one's arrival), and checks that every count gives the same bits.  A repeat during which other
+ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of cores
+(:class:`~mpifl.algorithms.core.fold_workers.FoldWorkers`: the caller's thread and helper processes; each count's
+copy of the uploads in the memory rank 0 would receive them into, shared where it has helpers), all at once and one
+client at a time (as the server folds each behind the next one's arrival), and checks that every count gives the
+same bits.  A repeat during which other
 processes took CPU (``/proc/stat``) is redone, so on a shared machine the medians are of undisturbed repeats.
 ``--fold-threads N`` passes the count to the runs of ``--case cross-silo``.
 
@@ -72,6 +74,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Sequence
 import time
 from pathlib import Path
 
@@ -81,7 +84,8 @@ import torch
 import torch.nn.functional as F
 
 from .algorithms import get_algorithm
-from .algorithms.core.reduction import FoldThreads, Folding, Reduction, mean_weights, weighted_sum
+from .algorithms.core.fold_workers import FoldWorkers
+from .algorithms.core.reduction import Folding, Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
@@ -233,26 +237,30 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
     return rows
 
 
-def _cpu_of_others() -> float:
-    """CPU seconds that every process but this one has used since boot (0 where ``/proc/stat`` is missing)."""
+def _cpu_of_others(helpers: Sequence[int] = ()) -> float:
+    """CPU seconds that every process but this one and its ``helpers`` (pids) has used since boot (0 where
+    ``/proc/stat`` is missing)."""
     try:
         with open("/proc/stat") as stat:
             ticks = [int(v) for v in stat.readline().split()[1:]]
+        for pid in helpers:  # utime and stime, the 14th and 15th fields (after the name's closing parenthesis)
+            with open(f"/proc/{pid}/stat") as stat:
+                ticks[0] -= sum(int(v) for v in stat.read().rsplit(")", 1)[1].split()[11:13])
     except OSError:
         return 0.0
     own = os.times()
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") - own.user - own.system
 
 
-def undisturbed_seconds(run, tries: int = 10) -> tuple[float | None, int]:
-    """Seconds of one call of ``run()`` during which other processes took under 5 % of a core (plus a clock
-    tick), redone when disturbed, at most ``tries`` calls; returns the seconds (None: every call disturbed) and
-    the calls dropped."""
+def undisturbed_seconds(run, tries: int = 10, helpers: Sequence[int] = ()) -> tuple[float | None, int]:
+    """Seconds of one call of ``run()`` during which other processes than this one and its ``helpers`` took under
+    5 % of a core (plus a clock tick), redone when disturbed, at most ``tries`` calls; returns the seconds (None:
+    every call disturbed) and the calls dropped."""
     for dropped in range(tries):
-        others, started = _cpu_of_others(), time.perf_counter()
+        others, started = _cpu_of_others(helpers), time.perf_counter()
         run()
         seconds = time.perf_counter() - started
-        if _cpu_of_others() - others <= 0.05 * seconds + 0.02:
+        if _cpu_of_others(helpers) - others <= 0.05 * seconds + 0.02:
             return seconds, dropped
     return None, tries
 
@@ -264,26 +272,33 @@ def fold_seconds(clients: int, megabytes: float, thread_counts: list[int], repea
     phase of a shared machine hits them alike.  Median seconds over undisturbed repeats, their ratio to the
     first count's, and whether every count gave the first count's bits."""
     rng = np.random.default_rng(0)
-    uploads = [{"w": rng.standard_normal(int(megabytes * 1e6) // 4, dtype=np.float32)} for _ in range(clients)]
     reductions = {"w": Reduction("w", mean_weights(rng.uniform(1, 100, clients)))}
     ways = {"all_at_once": clients, "one_client_at_a_time": 1}
     rows = [{"threads": count, **{name: {"repeats": [], "dropped": 0} for name in ways}} for count in thread_counts]
 
-    def fold(threads: FoldThreads, window: int) -> np.ndarray:
-        folding = Folding(reductions, threads)
+    def fold(workers: FoldWorkers, window: int) -> np.ndarray:
+        folding = Folding(reductions, workers)
         for start in range(0, clients, window):
-            folding.add(uploads[start:start + window])
+            folding.add(uploads[workers][start:start + window])
         return folding.sums["w"]
 
     with contextlib.ExitStack() as stack:
-        pools = [stack.enter_context(FoldThreads(count)) for count in thread_counts]
+        pools = [stack.enter_context(FoldWorkers(count)) for count in thread_counts]
+        size = int(megabytes * 1e6) // 4
+        values = [rng.standard_normal(size, dtype=np.float32) for _ in range(clients)]
+        uploads = {}  # each count's copy in the memory rank 0 receives into: shared where it has helpers
+        for workers in pools:
+            uploads[workers] = [{"w": workers.empty(4 * size).view(np.float32)} for _ in range(clients)]
+            for upload, value in zip(uploads[workers], values):
+                upload["w"][:] = value
+        del values
         for _ in range(repeats):
-            for row, threads in zip(rows, pools):
+            for row, workers in zip(rows, pools):
                 for name, window in ways.items():
-                    seconds, dropped = undisturbed_seconds(lambda: fold(threads, window))
+                    seconds, dropped = undisturbed_seconds(lambda: fold(workers, window), helpers=workers.pids)
                     row[name]["dropped"] += dropped
                     row[name]["repeats"] += [] if seconds is None else [seconds]
-        sums = [fold(threads, clients) for threads in pools]
+        sums = [fold(workers, clients) for workers in pools]
     for row, bits in zip(rows, sums):
         row["same_bits"] = bool(np.array_equal(bits, sums[0]))
         for name in ways:
@@ -301,7 +316,7 @@ def report_fold(result: dict, json_out: str) -> None:
     click.echo(f"fold of {result['clients']} x {result['megabytes']:g} MB float32 uploads into float64 sums "
                f"({len(os.sched_getaffinity(0))} cores); median seconds of undisturbed repeats")
     for row in result["rows"]:
-        click.echo(f"  {row['threads']:3d} thread(s): " + "   ".join(
+        click.echo(f"  {row['threads']:3d} core(s): " + "   ".join(
             f"{name.replace('_', ' ')} {row[name]['seconds']:.3f} s (x{row[name]['ratio_to_first']:.2f}; "
             f"{len(row[name]['repeats'])} kept, {row[name]['dropped']} disturbed)"
             if row[name]["seconds"] else f"{name.replace('_', ' ')}: every repeat disturbed"
@@ -348,7 +363,8 @@ def report_fold(result: dict, json_out: str) -> None:
               help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--fold-threads", default=None,
-              help="fold: comma list of thread counts to fold on (default 1,2,0; 0 = every core this process may run "
+              help="fold: comma list of core counts to fold on, this process and helper processes (default 1,2,0; "
+                   "0 = every core this process may run "
                    "on); cross-silo: mpifl.run's --fold-threads, rank 0's (default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
