@@ -4,6 +4,7 @@
     python launch/fingerprint.py OUT [ALGO ...]          # this checkout: every algorithm (or those named)
     git worktree add ../before main && python launch/fingerprint.py OUT2 --code ../before
     diff OUT/fingerprints.json OUT2/fingerprints.json
+    python launch/fingerprint.py OUT3 --with=--fold-threads=3   # an option that must leave the numbers as they are
 
 Each algorithm runs 2 rounds in one process (no launcher), ``--seed 0 --threads 1``, on the generated
 styledigits set with ``smallcnn``: 10 clients (2 per domain), half of them per round, 64 training images each,
@@ -110,6 +111,9 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="a new folder: data, runs and fingerprints.json go there")
     parser.add_argument("algos", nargs="*", help="the algorithms (default: every registered one)")
     parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose numbers (default: this one)")
+    parser.add_argument("--with", dest="extra", action="append", default=[], metavar="OPTION",
+                        help="an option added to every run, e.g. --with=--fold-threads=3 (one that must not change the "
+                             "numbers)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from mpifl.models.adain import save_random_style_model
@@ -127,7 +131,8 @@ def main() -> None:
     prints = {}
     for algo in args.algos or registered:
         run = out / "runs" / algo
-        job = subprocess.run([sys.executable, "-m", "mpifl.run", *run_args(algo, out / "data", run, style_model)],
+        job = subprocess.run([sys.executable, "-m", "mpifl.run", *run_args(algo, out / "data", run, style_model),
+                              *args.extra],
                              cwd=code, env=env, capture_output=True, text=True)
         last = (job.stderr.strip().splitlines() or [f"exit {job.returncode}"])[-1]
         prints[algo] = fingerprint(run) if job.returncode == 0 else f"failed: {last}"
