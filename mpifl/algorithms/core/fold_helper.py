@@ -44,9 +44,8 @@ def fold_run(sums, run, zero: bool = False, size: int = SUM_BLOCK) -> None:
                 block += term
 
 
-def send(sock: socket.socket, message, fds=()) -> None:
-    """Send ``message`` (JSON), with ``fds``."""
-    data = json.dumps(message).encode()
+def send(sock: socket.socket, data: bytes, fds=()) -> None:
+    """Send the message ``data`` (JSON text), with ``fds``."""
     packet = memoryview(len(data).to_bytes(8, "little") + data)
     sent = socket.send_fds(sock, [packet], list(fds)) if fds else 0
     sock.sendall(packet[sent:])
@@ -99,7 +98,7 @@ def serve(fd: int) -> None:
         finally:
             for handle in fds:
                 os.close(handle)
-        send(sock, reply)
+        send(sock, json.dumps(reply).encode())
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A fold (:mod:`.reduction`) cuts its sums into runs of consecutive blocks (:func:
 the first run and each helper process another, every run with :func:`~.fold_helper.fold_run`, so each element's
 sum is the same chain of additions in client-id order whoever folds it.  Processes, not threads: two threads of
 one process meet at every numpy call (a GIL hand-over, or an OpenMP barrier inside torch) and on the 2-core
-development VM stopped at 0.72-0.74x one thread's time, two processes never meet (0.48x; docs/benchmarks.md,
+development VM stopped at 0.72-0.74x one thread's time, two processes never meet (0.46-0.48x; docs/benchmarks.md,
 "Rank 0's fold on several cores").
 
 The arrays a fold reads and writes are shared with the helpers: the server allocates the uploads' receive buffer
@@ -18,6 +18,7 @@ platform has no ``memfd_create``.
 from __future__ import annotations
 
 import bisect
+import json
 import mmap
 import os
 import socket
@@ -99,22 +100,27 @@ class _Segments:
             self._tidy()
             return dict(self._live)
 
-    def describe(self, array: np.ndarray) -> list | None:
-        """[segment, byte offset, dtype, elements] of a contiguous ``array`` inside a live segment, else None."""
-        if not array.size:
-            return [None, 0, array.dtype.str, 0]
-        if not array.flags.c_contiguous:
-            return None
-        address = array.__array_interface__["data"][0]
+    def describe(self, arrays: Sequence[np.ndarray]) -> list[list] | None:
+        """[segment, byte offset, dtype, elements] of each of ``arrays``, contiguous and inside live segments (an
+        empty one: segment None); None if one is not."""
+        described = []
         with self._lock:
             self._tidy()
-            at = bisect.bisect_right(self._starts, (address, float("inf"))) - 1
-            if at < 0:
-                return None
-            start, segment = self._starts[at]
-            if address + array.nbytes > start + self._live[segment][1]:
-                return None
-        return [segment, address - start, array.dtype.str, array.size]
+            for array in arrays:
+                if not array.size:
+                    described.append([None, 0, array.dtype.str, 0])
+                    continue
+                if not array.flags.c_contiguous:
+                    return None
+                address = array.ctypes.data
+                at = bisect.bisect_right(self._starts, (address, float("inf"))) - 1
+                if at < 0:
+                    return None
+                start, segment = self._starts[at]
+                if address + array.nbytes > start + self._live[segment][1]:
+                    return None
+                described.append([segment, address - start, array.dtype.str, array.size])
+        return described
 
 
 SEGMENTS = _Segments()
@@ -152,16 +158,16 @@ class _Helper:
         self.socket = ours
         self.mapped: set[int] = set()  # the segments it has mapped
 
-    def request(self, sums: list, run: list, segments: set[int], zero: bool) -> None:
-        """Ask it to fold ``run`` of ``sums`` (described, :meth:`_Segments.describe`; ``zero``: from zero), which
-        read ``segments``: those it has not mapped travel with the request, those dropped since go."""
+    def request(self, sums: str, run: list, segments: set[int], zero: bool) -> None:
+        """Ask it to fold ``run`` of ``sums`` (described, :meth:`_Segments.describe`, in JSON; ``zero``: from
+        zero), which read ``segments``: those it has not mapped travel with the request, those dropped since go."""
         live = SEGMENTS.live()
         new = sorted(segments - self.mapped)
         gone = sorted(self.mapped - set(live))
         self.mapped = (self.mapped - set(gone)) | set(new)
+        head = json.dumps({"new": [[s, live[s][1]] for s in new], "gone": gone, "run": run, "zero": zero})
         try:
-            fold_helper.send(self.socket, {"new": [[s, live[s][1]] for s in new], "gone": gone, "sums": sums,
-                                           "run": run, "zero": zero}, [live[s][2] for s in new])
+            fold_helper.send(self.socket, f'{head[:-1]}, "sums": {sums}}}'.encode(), [live[s][2] for s in new])
         except OSError:  # it has gone: reply() says how
             pass
 
@@ -255,9 +261,10 @@ class FoldWorkers:
             fold_run(sums, [(index, 0, acc.size) for index, (acc, _) in enumerate(sums)], zero)
             return
         segments = {d[0] for acc, terms in described for d in [acc] + [x for _, x in terms] if d[0] is not None}
+        encoded = json.dumps(described)  # once: the same for every helper
         with self._lock:
             for helper, run in zip(self._helpers, runs[1:] + [[]] * (len(self._helpers) + 1 - len(runs))):
-                helper.request(described, run, segments, zero)
+                helper.request(encoded, run, segments, zero)
             try:
                 fold_run(sums, runs[0], zero)
             finally:  # the helpers read and write these arrays until they reply
@@ -268,12 +275,14 @@ class FoldWorkers:
     @staticmethod
     def _describe(sums) -> list | None:
         """``sums`` as a request names them (:meth:`_Segments.describe`); None if an array is not shared."""
-        described = []
-        for acc, terms in sums:
-            parts = [SEGMENTS.describe(acc)] + [SEGMENTS.describe(x) for _, x in terms]
-            if None in parts:
-                return None
-            described.append([parts[0], [[float(c), x] for (c, _), x in zip(terms, parts[1:])]])
+        arrays = [array for acc, terms in sums for array in [acc] + [x for _, x in terms]]
+        parts = SEGMENTS.describe(arrays)
+        if parts is None:
+            return None
+        described, at = [], 0
+        for _, terms in sums:
+            described.append([parts[at], [[float(c), x] for (c, _), x in zip(terms, parts[at + 1:])]])
+            at += 1 + len(terms)
         return described
 
     def background(self, job: Callable[[], None]) -> None:

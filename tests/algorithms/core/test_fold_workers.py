@@ -129,7 +129,7 @@ def test_a_helper_that_died_ends_the_fold_with_a_message_naming_it():
 
 def test_a_helper_that_fails_reports_why(monkeypatch):
     describe = SEGMENTS.describe
-    monkeypatch.setattr(SEGMENTS, "describe", lambda array: describe(array)[:2] + ["<f3"] + describe(array)[3:])
+    monkeypatch.setattr(SEGMENTS, "describe", lambda arrays: [d[:2] + ["<f3"] + d[3:] for d in describe(arrays)])
     with FoldWorkers(2) as pool:
         uploads, coefficients = _uploads(pool, 4 * SUM_BLOCK, 2)
         with pytest.raises(MpiflError, match="TypeError: data type '<f3' not understood"):
