@@ -58,9 +58,9 @@ def receive(sock: socket.socket):
     if flags & socket.MSG_CTRUNC:
         raise OSError("a message's file descriptors were cut off")
     data = bytearray(data)
-    while data and (len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little")):
+    while data and len(data) < (8 + int.from_bytes(data[:8], "little") if len(data) >= 8 else 8):
         more = sock.recv(1 << 20)
-        if not more:
+        if not more:  # the other end closed within a message
             data.clear()
         data += more
     if not data:

@@ -261,6 +261,9 @@ class FoldWorkers:
             fold_run(sums, [(index, 0, acc.size) for index, (acc, _) in enumerate(sums)], zero)
             return
         segments = {d[0] for acc, terms in described for d in [acc] + [x for _, x in terms] if d[0] is not None}
+        if len(segments) > fold_helper.MAX_FDS:  # more descriptors than one request can carry
+            fold_run(sums, [(index, 0, acc.size) for index, (acc, _) in enumerate(sums)], zero)
+            return
         encoded = json.dumps(described)  # once: the same for every helper
         with self._lock:
             for helper, run in zip(self._helpers, runs[1:] + [[]] * (len(self._helpers) + 1 - len(runs))):
