@@ -74,9 +74,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Sequence
 import time
 from pathlib import Path
+from typing import Sequence
 
 import click
 import numpy as np
@@ -364,8 +364,8 @@ def report_fold(result: dict, json_out: str) -> None:
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--fold-threads", default=None,
               help="fold: comma list of core counts to fold on, this process and helper processes (default 1,2,0; "
-                   "0 = every core this process may run "
-                   "on); cross-silo: mpifl.run's --fold-threads, rank 0's (default 0: automatic)")
+                   "0 = every core this process may run on); cross-silo: mpifl.run's --fold-threads, rank 0's "
+                   "(default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
 @click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
