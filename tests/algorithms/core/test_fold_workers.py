@@ -5,7 +5,7 @@ import signal
 import numpy as np
 import pytest
 
-from mpifl.algorithms.core import fold_workers
+from mpifl.algorithms.core import fold_helper, fold_workers
 from mpifl.algorithms.core.fold_workers import SEGMENTS, SUM_BLOCK, FoldWorkers, ranges
 from mpifl.errors import MpiflError
 from mpifl.process.signals import STOP_SIGNALS
@@ -79,6 +79,17 @@ def test_arrays_outside_shared_memory_are_folded_here_to_the_same_bits(monkeypat
         pool.fold([(acc, list(zip(coefficients, uploads)))], zero=True)
         assert not asked
         np.testing.assert_array_equal(acc, _reference(uploads, coefficients))
+
+
+def test_a_fold_over_more_segments_than_a_request_can_carry_is_folded_here_to_the_same_bits(monkeypatch):
+    request, asked = fold_workers._Helper.request, []
+    monkeypatch.setattr(fold_workers._Helper, "request", lambda *args: asked.append(args) or request(*args))
+    with FoldWorkers(2) as pool:
+        uploads, coefficients = _uploads(pool, 3 * SUM_BLOCK, 3)  # with the sums' block: 4 segments
+        for carried, requests in [(3, 0), (4, 1)]:
+            monkeypatch.setattr(fold_helper, "MAX_FDS", carried)
+            np.testing.assert_array_equal(_fold(pool, uploads, coefficients), _reference(uploads, coefficients))
+            assert len(asked) == requests
 
 
 def _mapped_segments(pid):
