@@ -4,8 +4,8 @@ A fold (:mod:`.reduction`) cuts its sums into runs of consecutive blocks (:func:
 the first run and each helper process another, every run with :func:`~.fold_helper.fold_run`, so each element's
 sum is the same chain of additions in client-id order whoever folds it.  Processes, not threads: two threads of
 one process meet at every numpy call (a GIL hand-over, or an OpenMP barrier inside torch) and on the 2-core
-development VM stopped at 0.72-0.74x one thread's time, two processes never meet (0.46-0.48x; docs/benchmarks.md,
-"Rank 0's fold on several cores").
+development VM stopped at 0.72-0.74x one thread's time, two processes never meet (0.46-0.58x, the rest the memory
+the two cores share; docs/benchmarks.md, "Rank 0's fold on several cores").
 
 The arrays a fold reads and writes are shared with the helpers: the server allocates the uploads' receive buffer
 and the sums with :meth:`FoldWorkers.empty` and :meth:`FoldWorkers.sums`, in segments of shared memory (Linux
