@@ -42,8 +42,9 @@ def fold_threads(layout: NodeLayout, requested: int, cores: Sequence[frozenset[i
     """Rank 0's cores for folding the uploads (itself and helper processes,
     :mod:`mpifl.algorithms.core.fold_workers`), and whether they fold behind its receives (``--fold-threads``;
     0 = automatic).  Given, they fold behind.  Automatic: the spare cores, those rank 0 may run on less the ones
-    its node's client ranks train on, at least 1 and at most :data:`AUTO_FOLD_CORES`; behind only where one is spare (else a fold behind the
-    receives takes the core of a rank that trains or sends, and rank 0 folds between them, as before).
+    its node's client ranks train on, at least 1 and at most :data:`AUTO_FOLD_CORES`; behind only where one is
+    spare (else a fold behind the receives takes the core of a rank that trains or sends, and rank 0 folds between
+    them).
     ``cores`` and ``threads``: each rank's cores (:func:`affinity`) and the threads it trains on (its torch
     threads; one for a rank that trains on a GPU), indexed by world rank; a client rank takes its threads, or the
     cores it shares with rank 0 where fewer (one bound to cores of its own takes none)."""
