@@ -254,17 +254,13 @@ class FoldWorkers:
     def fold(self, sums: Sequence[tuple[np.ndarray, list[tuple[float, np.ndarray]]]], zero: bool = False) -> None:
         """Add sum_k c_k x_k to each flat float64 ``acc`` of ``sums`` [(acc, [(c_k, flat x_k), ...])] (with
         ``zero``, set each to it): the first run of blocks here, the others on the helpers (all of it here where
-        an array is not in shared memory)."""
+        a request cannot name the arrays: :meth:`_request`)."""
         runs = ranges([acc.size for acc, _ in sums], 1 + len(self._helpers))
-        described = self._describe(sums) if len(runs) > 1 else None
-        if described is None:
+        request = self._request(sums) if len(runs) > 1 else None
+        if request is None:
             fold_run(sums, [(index, 0, acc.size) for index, (acc, _) in enumerate(sums)], zero)
             return
-        segments = {d[0] for acc, terms in described for d in [acc] + [x for _, x in terms] if d[0] is not None}
-        if len(segments) > fold_helper.MAX_FDS:  # more descriptors than one request can carry
-            fold_run(sums, [(index, 0, acc.size) for index, (acc, _) in enumerate(sums)], zero)
-            return
-        encoded = json.dumps(described)  # once: the same for every helper
+        encoded, segments = request
         with self._lock:
             for helper, run in zip(self._helpers, runs[1:] + [[]] * (len(self._helpers) + 1 - len(runs))):
                 helper.request(encoded, run, segments, zero)
@@ -276,17 +272,22 @@ class FoldWorkers:
                 raise MpiflError(failures[0])
 
     @staticmethod
-    def _describe(sums) -> list | None:
-        """``sums`` as a request names them (:meth:`_Segments.describe`); None if an array is not shared."""
+    def _request(sums) -> tuple[str, set[int]] | None:
+        """``sums`` as a request names them (:meth:`_Segments.describe`), in JSON (encoded once: the same for every
+        helper), and the segments they lie in; None if an array is not shared, or if they lie in more segments
+        than one request can carry the file descriptors of."""
         arrays = [array for acc, terms in sums for array in [acc] + [x for _, x in terms]]
         parts = SEGMENTS.describe(arrays)
         if parts is None:
+            return None
+        segments = {segment for segment, *_ in parts if segment is not None}
+        if len(segments) > fold_helper.MAX_FDS:
             return None
         described, at = [], 0
         for _, terms in sums:
             described.append([parts[at], [[float(c), x] for (c, _), x in zip(terms, parts[at + 1:])]])
             at += 1 + len(terms)
-        return described
+        return json.dumps(described), segments
 
     def background(self, job: Callable[[], None]) -> None:
         """Start ``job`` on the background thread (jobs run one after another, in the order started)."""
