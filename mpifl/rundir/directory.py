@@ -65,8 +65,7 @@ def check_new(path: Path, holdout: str | None = None) -> Path:
     where = place(path)
     shown = _shown(path, where)
     _check_creatable(where, shown)
-    _check_not_inside_a_run(where, shown, holdout)
-    _check_holds_no_run(where, shown)
+    check_alone(where, holdout, shown)
     if (where / LOCK_NAME).exists():  # a live run's (refused here, naming it), or a crashed one's
         probe = claim(where)
         if probe is not None:
@@ -78,6 +77,15 @@ def check_new(path: Path, holdout: str | None = None) -> Path:
                          "to one run: pass another --out" + (f", or --resume {path} to continue that run" if resumable
                                                              else ", or remove it"))
     return where
+
+
+def check_alone(where: Path, holdout: str | None = None, shown: str | None = None) -> None:
+    """``where`` lies in no other run's directory and holds none (:func:`check_new`'s nesting checks).  A new run
+    makes them again once it holds its directory (:meth:`.rundir.RunDir.create`): its claim is then a mark that
+    the other run's checks see, so of two runs started together, one inside the other, at least one is refused."""
+    shown = str(where) if shown is None else shown
+    _check_not_inside_a_run(where, shown, holdout)
+    _check_holds_no_run(where, shown)
 
 
 def place(path: Path) -> Path:
@@ -125,15 +133,39 @@ def _check_not_inside_a_run(where: Path, shown: str, holdout: str | None) -> Non
 
 
 def _check_holds_no_run(where: Path, shown: str) -> None:
-    """No run's directory lies below ``where``: a run around runs would mix them (and hide them from reports)."""
+    """No run's directory lies below ``where``, nor a symbolic link that leads to one, into one or to a folder
+    holding one: a run around runs would mix them (and hide them from reports)."""
     real = where.resolve()
-    for folder, dirs, files in os.walk(real):  # symbolic links are not followed: what they lead to is elsewhere
+    for folder, dirs, files in os.walk(real):  # links are not walked into: each is looked at where it leads
         dirs.sort()
         marks = [name for name in RUN_MARKS if name in dirs or name in files]
         if marks and folder != str(real):
             raise MpiflError(f"--out {shown} holds the run directory {folder} (it holds {', '.join(marks)}); a run "
                              "directory belongs to one run: pass an --out that holds no run, such as a new folder "
                              "beside them")
+        for name in dirs:
+            link = Path(folder) / name
+            run = _run_reached(link, real) if link.is_symlink() else None
+            if run is not None:
+                raise MpiflError(f"--out {shown} holds {link}, a symbolic link to the run directory {run}; a run "
+                                 "directory belongs to one run: pass an --out that holds no link to a run, such as "
+                                 "a new folder")
+
+
+def _run_reached(link: Path, around: Path) -> Path | None:
+    """The run directory that the directory ``link`` (below ``around``) leads to is, lies in, or holds (the first
+    found); None.  A link back up to ``around`` or above it leads to what the other checks see already."""
+    target = link.resolve()
+    for candidate in (target, *target.parents):
+        if _is_run(candidate):
+            return candidate
+    if target == around or target in around.parents:
+        return None
+    for folder, dirs, files in os.walk(target):
+        dirs.sort()
+        if any(name in dirs or name in files for name in RUN_MARKS):
+            return Path(folder)
+    return None
 
 
 def _is_run(path: Path) -> bool:

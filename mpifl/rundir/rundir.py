@@ -17,7 +17,7 @@ from ..dirlock import DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 from . import checkpoint
-from .directory import claim, default_run_dir, run_files
+from .directory import check_alone, claim, default_run_dir, run_files
 from .names import ATTEMPTS, CONFIG, LOG, METRICS, SUMMARY_CSV, SUMMARY_MD, TMP, TRACEBACKS, traceback_file
 
 
@@ -30,6 +30,7 @@ class RunDir:
         self.path, self.lock = Path(path), lock
         self._descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         weakref.finalize(self, os.close, self._descriptor)
+        self.made: list[Path] = []  # the folders create made, the run directory first, then its new parents
 
     @classmethod
     def create(cls, path: Path, cfg: RunConfig) -> RunDir:
@@ -37,6 +38,7 @@ class RunDir:
         (no ``--out``) that another run made meanwhile (the same options started in the same second) gives way to
         the next free name (the returned one's ``path``)."""
         while True:
+            missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
             try:
                 path.mkdir(parents=True, exist_ok=cfg.out is not None)
                 break
@@ -46,12 +48,18 @@ class RunDir:
                 raise MpiflError(f"cannot create the run directory {path} ({exc.strerror}); pass another --out") \
                     from None
         run_dir = cls(path)
+        run_dir.made = missing
         run_dir.lock = claim(path)
         found = run_files(path)
         if found:  # another run took it between the check and now
             run_dir.release()
             raise MpiflError(f"run directory {path} was taken by another run while this one set up "
                              f"({', '.join(found)}); pass another --out")
+        try:  # a run made around or inside it meanwhile: its claim, or this one's, is now there to see
+            check_alone(path, cfg.holdout)
+        except MpiflError:
+            run_dir.unmake()
+            raise
         run_dir.write_config(cfg)
         return run_dir
 
@@ -91,14 +99,15 @@ class RunDir:
             self.lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")
 
     def unmake(self) -> None:
-        """Undo :meth:`create` for a run refused right after it (its ``config.json``, its claim, the empty
-        directory)."""
+        """Undo :meth:`create` for a run refused right after it (its ``config.json``, its claim, the folders it
+        made while they are empty)."""
         (self.path / CONFIG).unlink(missing_ok=True)
         self.release()
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass  # something else is there now: not this run's to remove
+        for folder in self.made:
+            try:
+                folder.rmdir()
+            except OSError:
+                return  # something else is there now: not this run's to remove
 
     def release(self) -> None:
         """Give up the claim (a no-op without one, or once released)."""

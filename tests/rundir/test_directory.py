@@ -160,6 +160,29 @@ def test_a_default_run_directory_made_meanwhile_by_another_run_gives_way_to_the_
         RunDir.create(path, RunConfig(model="smallcnn", out=str(path)))  # a given --out is never renamed
 
 
+@pytest.mark.parametrize("outer_first", [True, False])
+@pytest.mark.parametrize("inner", ["sub", "a/b"])
+def test_of_two_runs_set_up_together_one_inside_the_other_the_later_claim_is_refused(tmp_path, inner, outer_first):
+    """Both pass the set-up checks (neither directory exists yet); the one that opens second is refused, its
+    directory unmade, and the other holds its own: a run never ends up inside another, however they start."""
+    outer, nested = tmp_path / "W" / "N", tmp_path / "W" / "N" / inner
+    for path in (outer, nested):
+        check_new(path)
+    first, second = (outer, nested) if outer_first else (nested, outer)
+    opened = RunDir.create(first, RunConfig(out=str(first)))
+    try:
+        where = (f"--out {nested} lies inside the run directory {outer}" if outer_first else
+                 f"--out {outer} holds the run directory {nested}")
+        with pytest.raises(MpiflError, match=where):
+            RunDir.create(second, RunConfig(out=str(second)))
+        assert (first / "config.json").is_file() and not (second / "config.json").exists()
+        assert not (second / LOCK_NAME).exists()
+        if outer_first:  # made by the refused run, and unmade: the outer run's directory is as it was
+            assert sorted(p.name for p in outer.iterdir()) == [LOCK_NAME, "config.json"]
+    finally:
+        opened.release()
+
+
 @pytest.mark.slow
 def test_a_run_refused_while_setting_up_leaves_no_directory(data_root, tmp_path):
     """The run directory is written only once every rank has set up: fixing the option and running again works."""
@@ -277,8 +300,26 @@ def test_an_out_that_holds_a_run_below_it_is_refused(tmp_path, inner):
     with pytest.raises(MpiflError, match="holds the run directory"):
         check_new(runs / inner.split("/")[0]) if "/" in inner else check_new(tmp_path)
     (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "link").symlink_to(runs / inner)  # a link below: what it leads to is elsewhere
-    check_new(tmp_path / "other")
+    (tmp_path / "other" / "link").symlink_to(runs / inner)  # a run made around it would hide the run it leads to
+    with pytest.raises(MpiflError, match=f"--out {tmp_path / 'other'} holds {tmp_path / 'other' / 'link'}, a "
+                                         f"symbolic link to the run directory {runs / inner}; .*no link to a run"):
+        check_new(tmp_path / "other")
+
+
+@pytest.mark.parametrize("target", ["run/logs", "runs", "plain", ".."])
+def test_an_out_holding_a_link_is_refused_only_where_the_link_reaches_a_run(tmp_path, target):
+    fake_run(tmp_path / "runs" / "run")
+    (tmp_path / "runs" / "run" / "logs").mkdir()
+    (tmp_path / "runs" / "plain").mkdir()
+    out = tmp_path / "w2"
+    (out / "x").mkdir(parents=True)
+    (out / "x" / "lnk").symlink_to({"run/logs": tmp_path / "runs" / "run" / "logs", "runs": tmp_path / "runs",
+                                   "plain": tmp_path / "runs" / "plain", "..": out}[target])
+    if target in ("plain", ".."):  # a folder of no run's, or a loop back up: nothing is mixed
+        assert check_new(out) == out
+        return
+    with pytest.raises(MpiflError, match=f"a symbolic link to the run directory {tmp_path / 'runs' / 'run'};"):
+        check_new(out)
 
 
 def test_the_issues_run_around_runs_is_refused_and_writes_nothing(data_root, tmp_path):
