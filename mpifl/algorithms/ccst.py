@@ -110,9 +110,9 @@ class CCST(FedAvg):
         Option("ccst_style", str, "overall", "CCST: the styles shared: overall (each domain's, default) or single "
                "(single images')", choices=KINDS),
         Option("ccst_k", int, 0, "CCST: augmentation level K, the versions of each training image (0: one per "
-               "training client, authors' runs)"),
+               "training client, authors' runs)", minimum=0),
         Option("ccst_styles", int, 0, "CCST: single-image styles each client shares (0: the smallest training "
-               "client's image count)"),
+               "client's image count)", minimum=0),
         Option("ccst_alpha", float, 1.0, "CCST: AdaIN's stylization weight alpha in [0, 1]"),
     )
 
@@ -124,8 +124,6 @@ class CCST(FedAvg):
              f"--style-model DIR, a folder holding {ENCODER_FILE} and {DECODER_FILE}"),
             (not folder or all((Path(folder) / f).is_file() for f in (ENCODER_FILE, DECODER_FILE)),
              f"--style-model {folder}: {ENCODER_FILE} and {DECODER_FILE} must both be in that folder"),
-            (cfg.opt("ccst_k") >= 0, "--ccst-k must be >= 0 (0: one version per training client)"),
-            (cfg.opt("ccst_styles") >= 0, "--ccst-styles must be >= 0 (0: the smallest training client's images)"),
             (0 <= cfg.opt("ccst_alpha") <= 1, "--ccst-alpha must be in [0, 1]")]
         for ok, message in problems:
             if not ok:

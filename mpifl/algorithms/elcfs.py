@@ -142,7 +142,7 @@ class ELCFS(FedAvg):
                "other clients' low-frequency amplitudes")
     options = FedAvg.options + (
         Option("elcfs_bank", int, 0, "ELCFS: amplitude spectra each client shares (0: an eighth of the smallest "
-               "training client's images, as the authors' code keeps an eighth)"),
+               "training client's images, as the authors' code keeps an eighth)", minimum=0),
         Option("elcfs_band", float, 0.0, "ELCFS: low-frequency band ratio r, b = floor(min(H, W) r) (0: the "
                "zero frequency alone, authors' code)"),
         Option("elcfs_lambda", str, "one", "ELCFS: interpolation weight: one (the band becomes the other "
@@ -159,8 +159,7 @@ class ELCFS(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        problems = [(cfg.opt("elcfs_bank") >= 0, "--elcfs-bank must be >= 0 (0: an eighth of the smallest client)"),
-                    (0 <= cfg.opt("elcfs_band") <= 0.5, "--elcfs-band must be in [0, 0.5]"),
+        problems = [(0 <= cfg.opt("elcfs_band") <= 0.5, "--elcfs-band must be in [0, 0.5]"),
                     (cfg.opt("elcfs_inner_lr") >= 0, "--elcfs-inner-lr must be >= 0"),
                     (cfg.opt("elcfs_clip") > 0, "--elcfs-clip must be > 0"),
                     (cfg.opt("elcfs_boundary_weight") >= 0, "--elcfs-boundary-weight must be >= 0"),

@@ -19,7 +19,6 @@ global model on its own training data, and the paper reports accuracy before and
 
 from __future__ import annotations
 
-from ..errors import MpiflError
 from ..plan.config import Option
 from .fedavg import FedAvg
 
@@ -33,15 +32,11 @@ class FedBABU(FedAvg):
     evaluates = ("global", "personal")
     options = FedAvg.options + (
         Option("fedbabu_finetune_epochs", int, 5,
-               "FedBABU: epochs of fine-tuning on a client's training data before its personal evaluation"),
+               "FedBABU: epochs of fine-tuning on a client's training data before its personal evaluation",
+               minimum=0),
         Option("fedbabu_finetune", str, "full",
                f"FedBABU: what fine-tuning trains: {' or '.join(FINETUNE_PARTS)}", choices=FINETUNE_PARTS),
     )
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        if cfg.opt("fedbabu_finetune_epochs") < 0:
-            raise MpiflError("--fedbabu-finetune-epochs must be >= 0")
 
     def shares(self, entry):
         return not entry.is_head and super().shares(entry)

@@ -106,20 +106,17 @@ class FedMix(FedAvg):
     classification_only = "mixes images with other clients' mean images and their mean one-hot labels"
     options = FedAvg.options + (
         Option("fedmix_lambda", float, 0.1, "FedMix: mixing weight lambda"),
-        Option("fedmix_batch", int, 5, "FedMix: number of local images averaged into one shared mean image"),
-        Option("fedmix_means", int, 64, "FedMix: number of mean images each client shares"),
+        Option("fedmix_batch", int, 5, "FedMix: number of local images averaged into one shared mean image",
+               minimum=1),
+        Option("fedmix_means", int, 64, "FedMix: number of mean images each client shares", minimum=1),
         Option("fedmix_taylor", str, "sample", "FedMix: input gradient of the Taylor term from the sum of "
                "per-sample losses (sample, paper) or the batch mean (batch, 1/B)", choices=TAYLOR_SCALES),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        problems = [(0 <= cfg.opt("fedmix_lambda") < 1, "--fedmix-lambda must be in [0, 1)"),
-                    (cfg.opt("fedmix_batch") >= 1, "--fedmix-batch must be >= 1"),
-                    (cfg.opt("fedmix_means") >= 1, "--fedmix-means must be >= 1")]
-        for ok, message in problems:
-            if not ok:
-                raise MpiflError(message)
+        if not 0 <= cfg.opt("fedmix_lambda") < 1:
+            raise MpiflError(f"--fedmix-lambda must be in [0, 1), got {cfg.opt('fedmix_lambda')}")
         self._spec: TensorSpec | None = None
         self._images = self._labels = None
 

@@ -28,7 +28,7 @@ class FedPer(FedAvg):
     options = FedAvg.options + (
         Option("fedper_personal_layers", int, 1,
                "FedPer: number of personal blocks kept by each client, counted back from the classifier "
-               "(1 = classifier)"),
+               "(1 = classifier)", minimum=1),
     )
 
     def __init__(self, cfg, entries):

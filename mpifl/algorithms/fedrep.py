@@ -30,7 +30,7 @@ class FedRep(FedAvg):
     options = FedAvg.options + (
         Option("fedrep_head_epochs", int, 10,
                "FedRep: local epochs training the personal head (body frozen) before the --local-epochs of the "
-               "body (head frozen)"),
+               "body (head frozen); 0: the head stays at its initial values", minimum=0),
     )
 
     def shares(self, entry):

@@ -47,7 +47,8 @@ class LGFedAvg(FedAvg):
     evaluates = ("personal",)
     options = FedAvg.options + (
         Option("lg_global_layers", int, 1,
-               "LG-FedAvg: number of global (averaged) blocks, counted back from the classifier (1 = classifier)"),
+               "LG-FedAvg: number of global (averaged) blocks, counted back from the classifier (1 = classifier)",
+               minimum=1),
     )
 
     def __init__(self, cfg, entries):

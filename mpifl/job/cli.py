@@ -19,7 +19,8 @@ from ..algorithms import ALGORITHMS, all_options, get_algorithm
 from ..data import KNOWN_DATASETS, default_data_root, default_model
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
-from ..plan.config import CORE_KEYS, RESUMABLE, Option, RunConfig, check, coerce, read_config_file, resolve
+from ..plan.config import (CORE_KEYS, RESUMABLE, Option, RunConfig, check, check_acting, coerce, read_config_file,
+                           resolve)
 from ..plan.normalize import resolve_input_norm
 from ..presets import apply_preset, describe_presets
 from ..rundir.directory import resumed_config
@@ -213,6 +214,7 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
     if resume:
         config_file = _resumed_config(resume, config_file, cli_values)
     file_values = read_config_file(config_file) if config_file else {}
+    given = {**({} if resume else file_values), **cli_values}  # the user's own: no preset's, no resumed run's
     algo_name = cli_values.get("algo", file_values.get("algo", RunConfig.algo))
     file_values, preset_warnings = apply_preset(cli_values.get("preset", file_values.get("preset")), algo_name,
                                                 file_values)
@@ -225,6 +227,8 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
     if "data_root" not in merged_cli and "data_root" not in merged_file:
         cfg.data_root = str(default_data_root())
     check(cfg)
+    check_acting(cfg, given)
+    algo_cls.check_options(cfg)
     cfg.schedule_rounds = cfg.horizon  # stored in config.json: a resume with other --rounds keeps the schedules
     cfg.input_norm = resolve_input_norm(cfg.input_norm, cfg.pretrained)
     if cfg.model == "auto":

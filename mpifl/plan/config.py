@@ -45,11 +45,25 @@ class Option:
     type: type
     default: Any
     help: str
-    choices: tuple[str, ...] = ()  # the values a rule option takes (checked by Algorithm.check_choices)
+    choices: tuple[str, ...] = ()  # the values a rule option takes (checked by Algorithm.check_options)
+    minimum: int | None = None  # a count's least value, 0 or 1 as its meaning needs (checked likewise)
+
+    def __post_init__(self):
+        if self.type is int and self.minimum is None:
+            raise TypeError(f"option {self.flag} counts something (type int): declare its least value, "
+                            "minimum=0 or minimum=1, so that every count is checked alike")
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not one this option takes (one line), or None."""
+        if self.choices and value not in self.choices:
+            return f"{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
+        if self.minimum is not None and value is not None and value < self.minimum:
+            return f"{self.flag} must be >= {self.minimum}, got {value}"
+        return None
 
 
 @dataclass
@@ -138,22 +152,53 @@ CORE_KEYS = tuple(_CORE_TYPES)
 
 
 def read_config_file(path: str | Path) -> dict:
-    """Flat mapping from a JSON or YAML file; dashes in keys become underscores."""
+    """Flat mapping from a JSON or YAML file; dashes in keys become underscores.  A key given twice (also as
+    ``a-b`` and ``a_b``) is refused: which of its values a run took would be the parser's choice."""
     path = Path(path)
     if not path.is_file():
         raise MpiflError(f"config file not found: {path}; pass an existing JSON or YAML file to --config")
     text = path.read_text()
     try:
         if path.suffix.lower() == ".json":
-            data = json.loads(text)
+            pairs = json.loads(text, object_pairs_hook=_Pairs)
         else:
-            import yaml
-            data = yaml.safe_load(text)
+            pairs = _yaml_pairs(text)
+    except MpiflError:
+        raise
     except Exception as exc:  # parse errors of either format
         raise MpiflError(f"cannot parse config file {path}: {str(exc).splitlines()[0]}; fix its syntax")
-    if not isinstance(data, dict):
+    if not isinstance(pairs, _Pairs):
         raise MpiflError(f"config file {path} must hold a mapping of option names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    return {str(k).replace("-", "_"): v for k, v in _mapping(pairs, path).items()}
+
+
+class _Pairs(list):
+    """A mapping as the file spells it: its (key, value) pairs in order, duplicates kept for the check."""
+
+
+def _mapping(pairs: _Pairs, path: Path, where: str = "") -> dict:
+    """``pairs`` as a dict (mappings inside it too); a key given twice is refused in one line."""
+    data: dict = {}
+    for key, value in pairs:
+        name = str(key).replace("-", "_") if not where else key
+        if name in data:
+            raise MpiflError(f"config file {path} gives {where or 'option '}{name} twice; keep one")
+        data[name] = _mapping(value, path, f"{where}{name}.") if isinstance(value, _Pairs) else value
+    return data
+
+
+def _yaml_pairs(text: str):
+    """The YAML document with every mapping as its pairs (:class:`_Pairs`); plain values as ``safe_load``'s."""
+    import yaml
+
+    class PairLoader(yaml.SafeLoader):
+        pass
+
+    def pairs(loader, node):
+        return _Pairs(loader.construct_pairs(node, deep=True))
+
+    PairLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, pairs)
+    return yaml.load(text, Loader=PairLoader)  # noqa: S506 (a SafeLoader: no object is constructed from tags)
 
 
 def resolve(file_values: Mapping[str, Any], cli_values: Mapping[str, Any],
@@ -195,6 +240,26 @@ def coerce(name: str, value: Any, kind: type) -> Any:
     return number
 
 
+#: Options that act only under another's value: (name, whether it acts in a run, where it acts).  Given a value of
+#: its own where it does not act, it would be recorded in config.json as if it had: :func:`check_acting` refuses it.
+ACTS_ONLY = (
+    ("input_norm", lambda cfg: cfg.aug == "none", "with --aug none (another --aug normalizes with client statistics)"),
+    ("aug_stats", lambda cfg: cfg.aug != "none", "with --aug norm, fedrdn or fedrdn-v (client statistics)"),
+    ("aug_draw", lambda cfg: cfg.aug == "fedrdn", "with --aug fedrdn (its draws)"),
+)
+
+
+def check_acting(cfg: RunConfig, given: Mapping[str, Any]) -> None:
+    """One line for an option the user ``given`` (command line, ``--config``: not a preset's base, not a resumed
+    run's own file) that does nothing in this run (:data:`ACTS_ONLY`)."""
+    defaults = RunConfig()
+    for name, acts, where in ACTS_ONLY:
+        if name in given and getattr(cfg, name) != getattr(defaults, name) and not acts(cfg):
+            flag = "--" + name.replace("_", "-")
+            raise MpiflError(f"{flag} {getattr(cfg, name)} acts only {where}, and this run has --aug {cfg.aug}; "
+                             f"drop {flag}")
+
+
 def check(cfg: RunConfig) -> None:
     """Value ranges that every run must satisfy (one-line errors)."""
     rules = [
@@ -230,6 +295,7 @@ def check(cfg: RunConfig) -> None:
         (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
         (0 < cfg.fraction <= 1, "--fraction must be in (0, 1]"),
         (cfg.eval_every >= 1, "--eval-every must be >= 1"),
+        (cfg.seed >= 0, "--seed must be >= 0"),
         (cfg.select_by in SELECT_BY, f"--select-by must be one of {', '.join(SELECT_BY)}"),
         (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
         (cfg.fold_threads >= 0, "--fold-threads must be >= 0 (0 = automatic)"),

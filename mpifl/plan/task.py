@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..errors import MpiflError
 from .config import SEG_LOSSES
 from .segmentation import dice_ce_loss, dice_loss, dice_scores, sigmoid_dice_loss, sigmoid_dice_scores
 
@@ -81,8 +82,12 @@ SEGMENTATION_BY_LOSS = dict(zip(SEG_LOSSES, (SEGMENTATION, SEGMENTATION_DICE_CE,
                                 strict=True))
 
 
-def task_of(dataset_task: str, seg_loss: str = "dice") -> Task:
-    """The run's task: its dataset's (``classification`` or ``segmentation``), with ``--seg-loss``."""
+def task_of(dataset_task: str, seg_loss: str = SEG_LOSSES[0]) -> Task:
+    """The run's task: its dataset's (``classification`` or ``segmentation``), with ``--seg-loss``; another loss
+    than the default on a classification dataset is refused (it would be recorded, and do nothing)."""
     if dataset_task == "classification":
+        if seg_loss != SEG_LOSSES[0]:
+            raise MpiflError(f"--seg-loss {seg_loss} applies to segmentation datasets, and this one is a classification "
+                             "dataset, trained with cross-entropy; drop --seg-loss")
         return CLASSIFICATION
     return SEGMENTATION_BY_LOSS[seg_loss]

@@ -91,3 +91,57 @@ def test_the_issues_options_are_refused_in_one_line_before_anything_is_written(d
     assert job.returncode == 2
     assert (job.stdout + job.stderr).strip().splitlines() == [f"mpifl: error: {words}"], job.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name,text", [
+    ("a.yaml", "lr: 0.1\nrounds: 3\nlr: 0.2\n"),
+    ("b.yaml", "local-epochs: 2\nlocal_epochs: 3\n"),
+    ("c.json", '{"lr": 0.1, "lr": 0.2}'),
+    ("d.json", '{"batch-size": 8, "batch_size": 16}'),
+])
+def test_an_option_given_twice_in_a_config_file_is_refused_in_one_line(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(MpiflError, match=f"^config file {tmp_path / name} gives option (lr|local_epochs|batch_size) "
+                                         "twice; keep one$"):
+        read_config_file(tmp_path / name)
+
+
+def test_a_mapping_inside_a_config_file_value_reads_as_a_mapping(tmp_path):
+    (tmp_path / "a.yaml").write_text("notes: {a: 1, b: [1, 2]}\nrounds: 2\n")
+    (tmp_path / "b.json").write_text('{"notes": {"a": 1, "b": [1, 2]}, "rounds": 2}')
+    for name in ("a.yaml", "b.json"):
+        assert read_config_file(tmp_path / name) == {"notes": {"a": 1, "b": [1, 2]}, "rounds": 2}
+
+
+def _built(*argv, resume=None):
+    from mpifl.job.cli import build_config, command
+    main = command()
+    ctx = main.make_context("mpifl.run", list(argv))
+    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+    return build_config(ctx, ctx.params["config_file"], params, resume)[0]
+
+
+@pytest.mark.parametrize("argv,flag,where", [
+    (["--input-norm", "domain", "--aug", "fedrdn"], "--input-norm domain", "with --aug none"),
+    (["--aug-draw", "sample"], "--aug-draw sample", "with --aug fedrdn"),
+    (["--aug", "norm", "--aug-draw", "sample"], "--aug-draw sample", "with --aug fedrdn"),
+    (["--aug-stats", "raw"], "--aug-stats raw", "with --aug norm, fedrdn or fedrdn-v"),
+])
+def test_an_option_given_where_it_does_nothing_is_refused_not_recorded(tmp_path, argv, flag, where):
+    with pytest.raises(MpiflError, match=f"^{flag} acts only {where}.*; drop {flag.split()[0]}$"):
+        _built(*argv)
+    (tmp_path / "exp.yaml").write_text(f"{argv[0][2:]}: {argv[1]}\n")
+    with pytest.raises(MpiflError, match=f"^{flag} acts only"):  # from a config file alike
+        _built("--config", str(tmp_path / "exp.yaml"), *argv[2:])
+
+
+def test_where_they_act_or_come_from_a_preset_or_the_resumed_run_they_are_taken(tmp_path):
+    assert _built("--aug", "fedrdn", "--aug-draw", "sample", "--aug-stats", "raw").aug_draw == "sample"
+    assert _built("--input-norm", "domain").input_norm == "domain"
+    # a preset's base sets --input-norm for its --aug none rows; its FedRDN rows only change --aug
+    cfg = _built("--preset", "fedrdn-t1-domainnet", "--aug", "fedrdn")
+    assert (cfg.aug, cfg.input_norm) == ("fedrdn", "fixed")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({**cfg.to_flat(), "out": str(run)}))
+    assert _built("--rounds", "20", resume=str(run)).input_norm == "fixed"  # a resume reads its own config back

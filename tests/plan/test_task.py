@@ -5,14 +5,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mpifl.errors import MpiflError
 from mpifl.plan.segmentation import dice_loss, dice_scores, sigmoid_dice_loss, sigmoid_dice_scores
 from mpifl.plan.task import CLASSIFICATION, SEGMENTATION, task_of
 
 
 def test_classification_is_cross_entropy_and_the_number_correct():
     logits, labels = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), torch.tensor([0, 0, 0])
-    task = task_of("classification", "dice-ce")  # --seg-loss does not touch a classification run
+    task = task_of("classification")
     assert task is CLASSIFICATION and task.metric == "acc"
+    with pytest.raises(MpiflError, match="^--seg-loss dice-ce applies to segmentation datasets, .*drop --seg-loss$"):
+        task_of("classification", "dice-ce")  # it would be recorded in config.json, and do nothing
     assert task.score_sum(logits, labels).item() == 2
     assert torch.allclose(task.loss_sum(logits, labels), 3 * F.cross_entropy(logits, labels))
 

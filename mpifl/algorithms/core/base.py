@@ -129,7 +129,7 @@ class Algorithm(AlgorithmHelpers):
             REGISTRY[name] = cls
 
     def __init__(self, cfg: RunConfig, entries: list[StateEntry]):
-        self.check_choices(cfg)
+        self.check_options(cfg)
         if self.fresh_optimizer and cfg.keep_optimizer:
             raise MpiflError(f"--keep-optimizer: {self.name} divides by the distance K local steps move from a "
                              "fresh optimizer (FedNova's a_K), which kept momentum or Adam moments make wrong; "

@@ -110,12 +110,13 @@ class AlgorithmHelpers:
 
     # ------------------------------------------------------------------ one-time set-up
     @classmethod
-    def check_choices(cls, cfg: RunConfig) -> None:
-        """One line for a rule option (an :class:`Option` with ``choices``) given a value it does not take."""
+    def check_options(cls, cfg: RunConfig) -> None:
+        """One line for an option given a value it does not take: a rule option's ``choices``, a count's
+        ``minimum`` (:meth:`Option.problem`)."""
         for option in cls.options:
-            if option.choices and cfg.opt(option.name) not in option.choices:
-                raise MpiflError(f"{option.flag} must be one of {', '.join(option.choices)}, "
-                                 f"got {cfg.opt(option.name)!r}")
+            problem = option.problem(cfg.opt(option.name))
+            if problem:
+                raise MpiflError(problem)
 
     @classmethod
     def check_task(cls, cfg: RunConfig, task: Task) -> None:
@@ -145,7 +146,7 @@ class AlgorithmHelpers:
                 image_size: tuple[int, int] = (28, 28)) -> nn.Module:
         """The network the method trains: ``cfg.model`` with :meth:`norm_kind` and :attr:`conv`, composite
         norms placed by :meth:`norm_placement`, then :meth:`adapt_model`."""
-        cls.check_choices(cfg)
+        cls.check_options(cfg)
         model = build_model(cfg.model, num_classes=num_classes, in_channels=in_channels,
                             image_size=tuple(image_size), norm=cls.norm_kind(cfg), conv=cls.conv)
         return cls.adapt_model(place_composite_norms(model, *cls.norm_placement(cfg)), cfg)

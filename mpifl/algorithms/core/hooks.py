@@ -118,7 +118,7 @@ BY_ROLE: dict[str, tuple[Hook, ...]] = {
         Hook("setup_received", "every rank", "once before round 1, with every training client's contribution"),
         Hook("training_data", "client", "once on a client rank, after the one-time exchanges"),
         Hook("norm_placement", "internal", "from network"),
-        Hook("check_choices", "internal", "from __init__ and network", kind="helper"),
+        Hook("check_options", "internal", "from __init__ and network", kind="helper"),
         Hook("check_task", "every rank", "once, when the session is built, before the model; again in bind_task",
              kind="helper"),
         Hook("bind_task", "every rank", "once, when the session is built, after bind_clients", kind="helper"),

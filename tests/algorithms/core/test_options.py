@@ -11,7 +11,8 @@ from mpifl.algorithms.core.base import REGISTRY
 from mpifl.algorithms.core.options import MU, SERVER_LR, declarations
 from mpifl.algorithms.fedavg import FedAvg
 from mpifl.algorithms.fedprox import FedProx
-from mpifl.job.cli import command
+from mpifl.errors import MpiflError
+from mpifl.job.cli import build_config, command
 from mpifl.plan.config import Option
 
 SHARED = {o.name: o for o in vars(shared).values() if isinstance(o, Option)}
@@ -41,7 +42,7 @@ def test_each_methods_default_of_a_shared_option_is_the_one_it_has_always_had():
 
 
 def test_a_second_declaration_with_another_default_help_or_type_is_refused_naming_both_methods():
-    for other in (replace(MU, default=0.5), replace(MU, help="my weight"), replace(MU, type=int, default=0)):
+    for other in (replace(MU, default=0.5), replace(MU, help="my weight"), replace(MU, type=int, default=0, minimum=0)):
         methods = {"fedprox": FedProx, "newmethod": _method("NewMethod", [other])}
         with pytest.raises(TypeError, match=r"option --mu is declared twice, differently, by fedprox \(.*\) and by "
                                             r"newmethod \(.*\); declare it once \(mpifl/algorithms/core/options.py"):
@@ -84,3 +85,28 @@ def test_help_names_each_methods_own_default_of_a_shared_option():
                                          "fedyogi 0.01, scaffold 1.0]")
     assert helps["--mu"].startswith(MU.help) and helps["--mu"].endswith("fedproto 1.0, fedprox 0.01]")
     assert helps["--guide-lambda"].endswith("[every method; default 0.0, gperxan 0.5]")
+
+
+COUNTS = sorted({(name, o.name, o.minimum) for name, cls in ALGORITHMS.items() for o in cls.options if o.type is int})
+
+
+def _parsed(*argv):
+    """The configuration the command line makes of ``argv``, as every rank builds it."""
+    main = command()
+    ctx = main.make_context("mpifl.run", list(argv))
+    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+    return build_config(ctx, None, params)[0]
+
+
+def test_every_count_a_method_takes_declares_its_least_value_and_one_below_it_is_never_declared():
+    assert COUNTS and all(minimum in (0, 1) for *_, minimum in COUNTS), COUNTS
+    with pytest.raises(TypeError, match="--brand-new counts something .*declare its least value"):
+        Option("brand_new", int, 3, "a count with no least value")
+
+
+@pytest.mark.parametrize("method,name,minimum", COUNTS)
+def test_every_count_below_its_least_value_is_refused_on_the_command_line_in_one_line(method, name, minimum):
+    flag = "--" + name.replace("_", "-")
+    assert _parsed("--algo", method, flag, str(minimum)).opt(name) == minimum
+    with pytest.raises(MpiflError, match=f"^{flag} must be >= {minimum}, got {minimum - 5}$"):
+        _parsed("--algo", method, flag, str(minimum - 5))
