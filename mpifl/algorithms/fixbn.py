@@ -32,9 +32,8 @@ from .fedavg import FedAvg
 class FixBN(FedAvg):
     name = "fixbn"
     summary = "FixBN: FedAvg, then BN statistics frozen at their global values and no longer sent"
-    options = FedAvg.options + (Option("fixbn_stage_rounds", int, None,
-                                       "rounds of the first stage before BN statistics freeze (default --schedule-rounds/2)",
-                                       minimum=1),)
+    options = FedAvg.options + (Option("fixbn_stage_rounds", int, None, "rounds of the first stage before BN "
+                                       "statistics freeze (default --schedule-rounds/2)", minimum=1),)
     norms = ("bn", "jsbn", "perxan", "ibn")
     norms_because = "freezes the running statistics of BatchNorm modules, which other kinds lack or mix in"
 

@@ -87,7 +87,7 @@ def task_of(dataset_task: str, seg_loss: str = SEG_LOSSES[0]) -> Task:
     than the default on a classification dataset is refused (it would be recorded, and do nothing)."""
     if dataset_task == "classification":
         if seg_loss != SEG_LOSSES[0]:
-            raise MpiflError(f"--seg-loss {seg_loss} applies to segmentation datasets, and this one is a classification "
-                             "dataset, trained with cross-entropy; drop --seg-loss")
+            raise MpiflError(f"--seg-loss {seg_loss} applies to segmentation datasets, and this one is a "
+                             "classification dataset, trained with cross-entropy; drop --seg-loss")
         return CLASSIFICATION
     return SEGMENTATION_BY_LOSS[seg_loss]
