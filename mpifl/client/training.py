@@ -44,7 +44,9 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
     parameters (``torch.nn.utils.clip_grad_norm_``).  Before
     each epoch, the parameters that ``trainable(entry, epoch)`` (default: the
     method's :meth:`Algorithm.trainable`) freezes stop taking gradients.  A
-    non-finite loss stops the run: checked once per epoch (one device sync).
+    non-finite loss stops the run: checked once per epoch (one device sync),
+    with the loss of the round's first batch, which no local step has moved
+    yet, telling the model the client started from apart (:func:`_diverged`).
     """
     algo.train_mode(model)
     trainable = trainable or algo.trainable
@@ -52,6 +54,7 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
     parameters = list(model.named_parameters())
     clip = algo.cfg.max_grad_norm
     stats = TrainStats(0, 0.0, 0, 0)
+    first_loss = None  # of the round's first batch: the model as the client started it
     for epoch in range(epochs):
         for key, parameter in parameters:
             parameter.requires_grad_(trainable(entries[key], epoch))
@@ -67,19 +70,40 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             precision.step(optimizer)
+            if first_loss is None:
+                first_loss = loss.detach()
             loss_sum += loss.detach().double() * len(y)
             correct += algo.task.score_sum(logits.detach(), y)
             seen += len(y)
             stats.steps += 1
         epoch_loss = float(loss_sum)
         if not math.isfinite(epoch_loss):
-            raise MpiflError(
-                f"loss is {epoch_loss} for client {client.id} ({client.spec.domain}) in round {round_index}, "
-                f"epoch {epoch + 1}; lower --lr or check that client's data")
+            raise MpiflError(_diverged(algo, client, round_index, epoch, epoch_loss, float(first_loss)))
         stats.loss_sum += epoch_loss
         stats.correct += float(correct)
         stats.seen += seen
     return stats
+
+
+def _diverged(algo: Algorithm, client: ClientState, round_index: int, epoch: int, loss: float,
+              first_loss: float) -> str:
+    """The line for a non-finite loss.  A model that started the round so (its first batch, before any local step)
+    came from the initial weights or the last aggregation: the line names what sets those; else local training
+    diverged."""
+    who = f"client {client.id} ({client.spec.domain})"
+    if math.isfinite(first_loss):
+        return (f"loss is {loss} for {who} in round {round_index}, epoch {epoch + 1}; lower --lr or check that "
+                "client's data")
+    if round_index == 1:
+        source = "the initial model" + (f" (--pretrained {algo.cfg.pretrained})" if algo.cfg.pretrained else "")
+        return (f"loss is {first_loss} for {who} on its first batch of round 1, before any local step: "
+                f"{source} gives it; check {'that file' if algo.cfg.pretrained else 'the model and the data'}")
+    changed = [f"{o.flag} {algo.cfg.opt(o.name)!r}" for o in algo.options if algo.cfg.opt(o.name) != o.default]
+    return (f"loss is {first_loss} for {who} on its first batch of round {round_index}, before any local step: the "
+            f"model it started from (round {round_index - 1}'s aggregation by {algo.name}, with any entries the client "
+            "keeps) diverged; check "
+            + (f"the options this run changed ({', '.join(changed)}) and --lr" if changed else
+               f"--lr and {algo.name}'s options (--help)"))
 
 
 @torch.no_grad()
