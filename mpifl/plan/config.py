@@ -146,9 +146,10 @@ RESUMABLE = ("rounds", "data_root", "device", "threads", "fold_threads", "eval_b
              "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic")
 
 
-_CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
-               for f in dataclasses.fields(RunConfig) if f.name != "algo_options"}
-CORE_KEYS = tuple(_CORE_TYPES)
+#: The type of each option every run has (one that defaults to None takes a string)
+CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
+              for f in dataclasses.fields(RunConfig) if f.name != "algo_options"}
+CORE_KEYS = tuple(CORE_TYPES)
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -213,7 +214,7 @@ def resolve(file_values: Mapping[str, Any], cli_values: Mapping[str, Any],
     unknown = sorted(k for k in merged if k not in CORE_KEYS and k not in algo_options)
     if unknown:
         raise MpiflError(f"unknown option(s) {', '.join(unknown)}; see `python -m mpifl.run --help` for valid names")
-    core = {k: coerce(k, v, _CORE_TYPES[k]) for k, v in merged.items() if k in CORE_KEYS and v is not None}
+    core = {k: coerce(k, v, CORE_TYPES[k]) for k, v in merged.items() if k in CORE_KEYS and v is not None}
     algo = {name: coerce(name, merged.get(name), opt.type) if merged.get(name) is not None else opt.default
             for name, opt in algo_options.items()}
     return RunConfig(**core, algo_options=algo)

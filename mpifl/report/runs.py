@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
+from mpifl.plan.config import CORE_TYPES, coerce
 from mpifl.rundir.names import CONFIG, METRICS
 from mpifl.server.run_log import metric_of, read_records, selection_of, summary_rows
 
@@ -126,10 +127,17 @@ def load_run(path: str | Path) -> Run:
         raise MpiflError(f"{path} is no run directory (it needs config.json and metrics.jsonl); pass the --out "
                          "directory of a run")
     records = read_records(metrics)  # a last line cut off by a killed run is left out
+    fix = "restore it from a copy or leave the run out"
     try:
         cfg = json.loads(config.read_text())
     except ValueError as exc:
-        raise MpiflError(f"{config} is unreadable ({exc}); restore it from a copy or leave the run out") from None
+        raise MpiflError(f"{config} is unreadable ({exc}); {fix}") from None
+    if not isinstance(cfg, dict):
+        raise MpiflError(f"{config} holds no mapping of options; {fix}")
+    try:  # the options every run has, as a run reads them back: a value of the wrong kind is named, once
+        cfg.update({k: coerce(k, v, CORE_TYPES[k]) for k, v in cfg.items() if k in CORE_TYPES and v is not None})
+    except MpiflError as exc:
+        raise MpiflError(f"{config}: {exc}; {fix}") from None
     return Run(path=path, config=cfg, records=records)
 
 

@@ -141,6 +141,20 @@ def test_find_runs_errors_are_one_line(tmp_path):
         find_runs([tmp_path / "empty"])
 
 
+@pytest.mark.parametrize("config,problem", [
+    ('{"rounds": "many", "seed": 0}', "option rounds must be int, got 'many'"),
+    ('{"rounds": 3, "seed": 0.5}', "option seed must be int, got 0.5"),
+    ('["rounds", 3]', "holds no mapping of options"),
+])
+def test_a_config_json_with_a_value_of_the_wrong_kind_is_named_in_one_line(runs_dir, config, problem):
+    (runs_dir / "fedavg-lr" / "config.json").write_text(config)
+    with pytest.raises(MpiflError, match=f"^{runs_dir / 'fedavg-lr' / 'config.json'}(:)? {problem}; restore it "
+                                         "from a copy or leave the run out$"):
+        find_runs([runs_dir])
+    job = CliRunner().invoke(main, [str(runs_dir)])
+    assert job.exit_code == 2 and "Traceback" not in job.output and problem in job.output
+
+
 def test_cli_prints_the_report_and_writes_its_files(runs_dir, tmp_path):
     result = CliRunner().invoke(main, [str(runs_dir), "--out", str(tmp_path / "r"), "--no-plots"])
     assert result.exit_code == 0, result.output
