@@ -45,7 +45,7 @@ from ..rundir.checkpoint import Checkpoint, committed_round
 from ..rundir.checkpoint import load as load_checkpoint
 from ..rundir.checkpoint import verify as verify_checkpoint
 from ..rundir.directory import check_new, config_digest, default_run_dir
-from ..rundir.names import CONFIG, METRICS, holdout_fold
+from ..rundir.names import CONFIG, METRICS, SUMMARY_CSV, SUMMARY_MD, holdout_fold
 from ..rundir.rundir import RunDir, write_fold_table
 from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
@@ -226,9 +226,23 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         if host is not None:
             host.run_dir = run_dir
         _serve_or_host(cfg, comm, session, host, opened or RunDir(run_dir), resumed, stop, layout)
+        if comm.rank == 0 and resume and cfg.holdout:
+            _refresh_fold_table(run_dir, cfg.holdout, session.manifest.domains)
     finally:
         if opened is not None:
             opened.release()
+
+
+def _refresh_fold_table(run_dir: Path, holdout: str, domains: list[str]) -> None:
+    """A fold of ``--holdout all`` continued by ``--resume``: the fold table of its folder, once written, again with
+    the fold's new numbers (it would keep the old ones beside a summary that changed)."""
+    base = run_dir.parent
+    folds = {domain: holdout_fold(base, domain) for domain in domains}
+    if (run_dir != folds.get(holdout) or not (base / SUMMARY_MD).is_file()
+            or not all((fold / SUMMARY_CSV).is_file() for fold in folds.values())):
+        return
+    write_fold_table(base, fold_summary(folds))
+    print(f"the fold table {base / SUMMARY_MD} now holds this fold's numbers")
 
 
 def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: RunDir,

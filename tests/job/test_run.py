@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mpifl.algorithms import ALGORITHMS
+from mpifl.server.run_log import fold_summary
 
 from ..algorithms.helpers import own_options
 from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
@@ -166,8 +167,8 @@ def test_show_manifest_of_absent_data_is_one_line(tmp_path):
 
 
 def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
-    job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1", "--samples-per-client",
-                          "64"))
+    fold = ("--samples-per-client", "64", "--ckpt-every", "1")
+    job = run_here(*_args(data_root, tmp_path / "lodo", "--holdout", "all", "--rounds", "1", *fold))
     assert job.returncode == 0, job.stderr
     folds = sorted(p.name for p in (tmp_path / "lodo").iterdir() if p.is_dir())
     assert folds == ["holdout-mono", "holdout-outline", "holdout-paper", "holdout-street", "holdout-texture"]
@@ -177,7 +178,18 @@ def test_holdout_all_runs_every_fold_and_tabulates_targets(data_root, tmp_path):
     assert test["domains"]["street"]["n"] == 1100  # every image of the held-out domain
     assert abs(test["mean"]["acc"] - np.mean([test["domains"][d]["acc"] for d in
                                               ("mono", "outline", "paper", "texture")])) < 1e-12
-    assert "| best source val |" in (tmp_path / "lodo" / "summary.md").read_text()
+    table = (tmp_path / "lodo" / "summary.md").read_text()
+    assert "| best source val |" in table
+    # one fold continued, as --resume of the folder says: the folder's table is made again from every fold's
+    # summary (at 64 images a fold stays at chance, so the table is first marked stale to tell it was rewritten)
+    (tmp_path / "lodo" / "summary.md").write_text("stale\n")
+    resumed = run_here("--resume", str(tmp_path / "lodo" / "holdout-street"), "--rounds", "2", "--data-root",
+                       str(data_root))
+    assert resumed.returncode == 0, resumed.stderr
+    folds = {d: tmp_path / "lodo" / f"holdout-{d}" for d in ("mono", "outline", "paper", "street", "texture")}
+    assert (tmp_path / "lodo" / "summary.md").read_text() == fold_summary(folds)
+    assert read_metrics(folds["street"])[-1]["round"] == 2
+    assert "now holds this fold's numbers" in resumed.stdout
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
