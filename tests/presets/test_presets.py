@@ -222,3 +222,15 @@ def test_gperxan_camelyon17_puts_perxan_in_the_first_dense_block_and_its_transit
 def test_prostate_augments_as_fedfas_and_harmofls_loaders():
     """pyfed/dataset/dataset.py and utils/dataset.py, Prostate.__getitem__: RandomRotate90, then RandomFlip."""
     assert load_preset("fedrdn-t2-prostate").options["train_transforms"] == "rot90-flip"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_run_of_the_preset_keeps_every_setting_it_names(name):
+    """The report compares a run's config.json with the preset's values (changed_settings): a value the config
+    stores otherwise (PyYAML reads ``1e-05``, without a dot, as a string) would mark every run as changed."""
+    from mpifl.report.tables import changed_settings
+
+    preset = load_preset(name)
+    for algo in preset.algos:
+        cfg = resolve(preset.values(algo), {"algo": algo}, {o.name: o for o in get_algorithm(algo).options})
+        assert changed_settings(preset, json.loads(json.dumps(cfg.to_flat()))) == {}, algo
