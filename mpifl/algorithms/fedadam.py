@@ -8,7 +8,11 @@ Delta (``core.server_opt.AdaptiveServerOptimizer``), with
 
 ``--server-lr`` default 1e-2: the authors' best on Stack Overflow word
 prediction (their optimization README; 10^-2.5 to 1 over their tasks, 1 on
-CIFAR-100 with tau 0.1).  m and v stay on the server; the wire is FedAvg's.
+CIFAR-100 with tau 0.1).  ``--beta2`` default 0.99 is Flower's (its FedAdam
+and FedYogi strategies), not the authors': Algorithm 2 leaves beta2 a
+parameter, and the authors' experiments keep Keras' Adam defaults, beta1 0.9
+and beta2 0.999 (their optimization/docs/hyperparameters.md); ``--beta2
+0.999`` takes theirs.  m and v stay on the server; the wire is FedAvg's.
 Evaluates the global model.
 """
 

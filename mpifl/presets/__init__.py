@@ -25,6 +25,12 @@ A preset is one YAML file in this directory, ``<name>.yaml``::
         table: Table 4                     # optional: when the row comes from another table
         scope: personal                    # optional: which of our models the paper's number is (default:
                                            # the run's first evaluated model; held-out domains: global)
+    variants:                              # optional: other regimes of the same experiment, same paper rows
+      code:                                # --preset NAME:code
+        title: one line
+        options: {samples_per_client: 62}  # on top of the preset's options (the overrides still come last)
+        selection: best                    # optional: in place of the preset's
+        notes: [what this regime is and where it comes from]   # after the preset's notes
 
 Precedence (:func:`apply_preset`): defaults < preset < ``--config`` file <
 command line.  The algorithm still comes from ``--algo``; a preset names the
@@ -32,7 +38,10 @@ methods it has numbers for (:attr:`Preset.algos`), another ``--algo`` runs
 with a warning.  Method options (``mu``, ``uniform_weights`` ...) in
 ``options`` apply only to the algorithms that declare them.  The preset's
 name is stored in the run's ``config.json`` (key ``preset``), which is how
-``mpifl.report`` finds the paper's numbers.  A leave-one-domain-out preset
+``mpifl.report`` finds the paper's numbers.  ``--preset NAME:VARIANT`` runs
+one of the preset's variants: the preset with the variant's options on top,
+its selection and its notes added, compared with the same paper rows; the
+full name is what ``config.json`` keeps.  A leave-one-domain-out preset
 (``holdout: all``) lists, per domain, the accuracy on that domain when it
 was held out.
 """
@@ -40,6 +49,7 @@ was held out.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,9 +58,13 @@ from mpifl.errors import MpiflError
 
 PRESET_DIR = Path(__file__).resolve().parent
 SELECTIONS = ("last", "best")
+VARIANT_SEPARATOR = ":"  # --preset NAME:VARIANT
 _TOP_KEYS = {"name", "title", "source", "data", "model", "selection", "prepare", "options", "overrides", "notes",
-             "paper"}
+             "paper", "variants"}
 _RESULT_KEYS = {"method", "run", "acc", "std", "table", "scope"}
+_VARIANT_KEYS = {"title", "options", "selection", "notes"}
+_VARIANT_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
+_ROUNDS = {"last": "last round", "best": "best-validation round"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,18 @@ class PaperResult:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Another regime of a preset's experiment (another training set, weighting or round selection): options on
+    top of the preset's, optionally its own selection, and notes that say where the regime comes from."""
+
+    name: str
+    title: str
+    options: dict[str, Any]
+    selection: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     title: str
@@ -94,6 +120,7 @@ class Preset:
     results: list[PaperResult]
     notes: list[str] = field(default_factory=list)
     prepare: str = ""
+    variants: dict[str, Variant] = field(default_factory=dict)  # offered by the base preset, by name
 
     @property
     def algos(self) -> list[str]:
@@ -118,6 +145,21 @@ class Preset:
         return {"data": self.data, "model": self.model, **shared, **self.overrides.get(algo, {}),
                 "preset": self.name}
 
+    def with_variant(self, name: str) -> Preset:
+        """This preset run as its variant ``name``: ``NAME:VARIANT``, the variant's options over the preset's,
+        its selection if it names one, its notes after the preset's; the paper rows are the same."""
+        if name not in self.variants:
+            offered = ", ".join(f"{self.name}{VARIANT_SEPARATOR}{v}" for v in self.variants)
+            raise MpiflError(f"preset {self.name} has no variant '{name}'; "
+                             + (f"its variants: {offered}" if offered else "it has no variants")
+                             + f", or run --preset {self.name}")
+        variant = self.variants[name]
+        return dataclasses.replace(self, name=f"{self.name}{VARIANT_SEPARATOR}{name}",
+                                   title=f"{self.title} [{variant.title}]",
+                                   options={**self.options, **variant.options},
+                                   selection=variant.selection or self.selection,
+                                   notes=self.notes + variant.notes, variants={})
+
     def result_for(self, config: Mapping[str, Any]) -> PaperResult | None:
         """The paper's row for a run's configuration: the matching row with the most conditions."""
         matching = [r for r in self.results if r.matches(config)]
@@ -129,7 +171,19 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str) -> Preset:
-    """The preset ``name`` (a one-line :class:`MpiflError` when it does not exist or is malformed)."""
+    """The preset ``name``, or ``NAME:VARIANT`` one of its variants (a one-line :class:`MpiflError` when it does not
+    exist or is malformed)."""
+    name, separator, variant = name.partition(VARIANT_SEPARATOR)
+    preset = _load(name)
+    return preset.with_variant(variant) if separator else preset
+
+
+def variant_names() -> list[str]:
+    """Every preset variant, as ``--preset`` takes it (``NAME:VARIANT``)."""
+    return [f"{p.name}{VARIANT_SEPARATOR}{v}" for p in all_presets() for v in p.variants]
+
+
+def _load(name: str) -> Preset:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise MpiflError(f"unknown preset '{name}'; see `python -m mpifl.run --list-presets` for the "
@@ -175,7 +229,25 @@ def _parse(name: str, raw: dict) -> Preset:
                   model=str(raw["model"]), selection=selection, options=dict(raw.get("options") or {}),
                   overrides={str(k): dict(v) for k, v in (raw.get("overrides") or {}).items()},
                   results=results, notes=[str(n) for n in raw.get("notes") or []],
-                  prepare=str(raw.get("prepare", "")))
+                  prepare=str(raw.get("prepare", "")),
+                  variants={str(k): _parse_variant(str(k), v) for k, v in (raw.get("variants") or {}).items()})
+
+
+def _parse_variant(name: str, raw: dict) -> Variant:
+    if not _VARIANT_NAME.fullmatch(name):
+        raise ValueError(f"variant name {name!r} must be lower-case letters, digits, '.' and '-'")
+    if not isinstance(raw, dict):
+        raise ValueError(f"variant {name!r} must be a mapping")
+    extra = set(raw) - _VARIANT_KEYS
+    if extra:
+        raise ValueError(f"unknown keys {sorted(extra)} in variant {name!r}")
+    if not raw.get("options"):
+        raise ValueError(f"variant {name!r} has no options")
+    selection = raw.get("selection")
+    if selection not in (None, *SELECTIONS):
+        raise ValueError(f"variant {name!r}: selection must be one of {SELECTIONS}, got {selection!r}")
+    return Variant(name=name, title=str(raw["title"]), options=dict(raw["options"]), selection=selection,
+                   notes=[str(n) for n in raw.get("notes") or []])
 
 
 def apply_preset(name: str | None, algo: str, file_values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -203,11 +275,18 @@ def describe_presets() -> str:
         if preset.overrides:
             lines.append("    per --algo: " + "; ".join(
                 f"{a}: " + ", ".join(f"{k}={v}" for k, v in o.items()) for a, o in preset.overrides.items()))
+        lines.append(f"    compares: our {_ROUNDS[preset.selection]} with the paper's")
+        for variant in preset.variants.values():
+            changes = ", ".join(f"{k}={v}" for k, v in variant.options.items())
+            selection = f"; compares our {_ROUNDS[variant.selection]}" if variant.selection else ""
+            lines.append(f"    variant {preset.name}{VARIANT_SEPARATOR}{variant.name}: {variant.title} "
+                         f"({changes}{selection})")
     lines.append("")
     lines.append("run one with e.g. `mpirun -n 3 python -m mpifl.run --preset NAME --algo fedavg`, then "
-                 "`python -m mpifl.report RUN_DIR` prints ours next to the paper's numbers")
+                 "`python -m mpifl.report RUN_DIR` prints ours next to the paper's numbers; --preset NAME:VARIANT runs "
+                 "a variant")
     return "\n".join(lines)
 
 
-__all__ = ["PRESET_DIR", "PaperResult", "Preset", "all_presets", "apply_preset", "describe_presets", "load_preset",
-           "preset_names"]
+__all__ = ["PRESET_DIR", "VARIANT_SEPARATOR", "PaperResult", "Preset", "Variant", "all_presets", "apply_preset",
+           "describe_presets", "load_preset", "preset_names", "variant_names"]

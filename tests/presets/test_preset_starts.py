@@ -1,4 +1,5 @@
-"""Every paper row of every preset starts: the option and data checks of a real start pass, nothing trains.
+"""Every paper row of every preset and preset variant starts: the option and data checks of a real start pass,
+nothing trains.
 
 A row is started as a user types it: ``--preset NAME`` and the row's ``run`` values as flags, parsed by the
 command line (:func:`mpifl.job.cli.build_config`), then checked as every rank checks it before round 1: the
@@ -34,7 +35,7 @@ from mpifl.data.shard import ShardWriter
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
 from mpifl.plan.config import Option
-from mpifl.presets import all_presets
+from mpifl.presets import all_presets, load_preset, variant_names
 from mpifl.run import main
 from mpifl.session import session
 
@@ -58,7 +59,7 @@ SIZES = {"train": 8000, "val": 1000, "test": 2000}
 #: split sizes of a fake with shards (a start reads its labels)
 SHARD_SIZES = {"train": 5000, "val": 500, "test": 1000}
 
-PRESETS = all_presets()
+PRESETS = all_presets() + [load_preset(name) for name in variant_names()]
 
 
 def _normalize(channels: int) -> dict:

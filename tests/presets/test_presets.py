@@ -14,7 +14,7 @@ from mpifl.job.cli import build_config
 from mpifl.models import MODEL_NAMES
 from mpifl.plan.config import CORE_KEYS, check, resolve
 from mpifl.plan.optim import round_lr
-from mpifl.presets import all_presets, apply_preset, load_preset, preset_names
+from mpifl.presets import all_presets, apply_preset, load_preset, preset_names, variant_names
 from mpifl.run import main
 
 #: each converter's domain ids (the shard names a preset's paper numbers must use)
@@ -30,6 +30,7 @@ DOMAINS = {
 }
 
 PRESETS = preset_names()
+VARIANTS = variant_names()  # NAME:VARIANT
 
 
 def test_there_are_presets_for_every_seed_paper():
@@ -41,7 +42,7 @@ def test_there_are_presets_for_every_seed_paper():
         assert wanted in PRESETS
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", PRESETS + VARIANTS)
 def test_preset_resolves_to_a_valid_config_for_each_of_its_methods(name):
     preset = load_preset(name)
     assert preset.data in KNOWN_DATASETS and preset.data in PREPARERS  # a converter exists
@@ -222,3 +223,101 @@ def test_gperxan_camelyon17_puts_perxan_in_the_first_dense_block_and_its_transit
 def test_prostate_augments_as_fedfas_and_harmofls_loaders():
     """pyfed/dataset/dataset.py and utils/dataset.py, Prostate.__getitem__: RandomRotate90, then RandomFlip."""
     assert load_preset("fedrdn-t2-prostate").options["train_transforms"] == "rot90-flip"
+
+
+@pytest.mark.parametrize("name", PRESETS + VARIANTS)
+def test_a_run_of_the_preset_keeps_every_setting_it_names(name):
+    """The report compares a run's config.json with the preset's values (changed_settings): a value the config
+    stores otherwise (PyYAML reads ``1e-05``, without a dot, as a string) would mark every run as changed."""
+    from mpifl.report.tables import changed_settings
+
+    preset = load_preset(name)
+    for algo in preset.algos:
+        cfg = resolve(preset.values(algo), {"algo": algo}, {o.name: o for o in get_algorithm(algo).options})
+        assert changed_settings(preset, json.loads(json.dumps(cfg.to_flat()))) == {}, algo
+
+
+def _config(argv: list[str]):
+    ctx = main.make_context("mpifl.run", argv)
+    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
+    return build_config(ctx, None, params)[0]
+
+
+def test_fedrdn_office_offers_the_authors_code_and_the_papers_sizes_as_variants():
+    plain, code, sizes = (load_preset(n) for n in ("fedrdn-t1-office", "fedrdn-t1-office:code",
+                                                    "fedrdn-t1-office:paper-sizes"))
+    assert {"fedrdn-t1-office:code", "fedrdn-t1-office:paper-sizes"} <= set(VARIANTS)
+    # the plain preset: every training image, sample-size weights, the last round
+    assert plain.selection == "last" and not {"samples_per_client", "percent", "uniform_weights"} & set(plain.options)
+    # fedavg_with_preprocess.py: the first int(0.5 x 125) = 62 images per client, weights n_k / n (equal),
+    # range(1, 100) = 99 rounds, the best round reported
+    assert (code.selection, code.options["samples_per_client"], code.options["rounds"]) == ("best", 62, 99)
+    assert code.values("fedavg")["uniform_weights"] is True and "uniform_weights" not in code.values("fedproto")
+    assert sizes.selection == "last" and sizes.options["percent"] == 0.665
+    for variant in (code, sizes):
+        assert variant.results == plain.results and variant.overrides == plain.overrides  # the same paper rows
+        assert variant.notes[:len(plain.notes)] == plain.notes and len(variant.notes) > len(plain.notes)
+        assert variant.title.startswith(plain.title) and variant.name in variant.values("fedbn")["preset"]
+    cfg = _config(["--preset", "fedrdn-t1-office:code", "--algo", "fedavg", "--aug", "fedrdn"])
+    assert (cfg.preset, cfg.samples_per_client, cfg.rounds, cfg.opt("uniform_weights"), cfg.local_epochs) == \
+        ("fedrdn-t1-office:code", 62, 99, True, 5)
+    assert code.result_for(cfg.to_flat()).method == "FedAvg + FedRDN"
+    assert _config(["--preset", "fedrdn-t1-office:code", "--algo", "fedavg", "--rounds", "3"]).rounds == 3
+
+
+def test_fedrdn_office_paper_sizes_variant_trains_on_table_6s_sizes_but_one_dslr_image():
+    """Table 6: 459/538/75/141 training images.  The office_caltech converter's 72/8/20 split of the 2,533 images
+    (958/1123/157/295) has 690/809/114/212 training images; --percent 0.665 keeps 459/538/76/141 of them."""
+    from mpifl.data.manifest import DatasetManifest
+    from mpifl.plan.clients import make_clients
+
+    train = {"amazon": 690, "caltech": 809, "dslr": 114, "webcam": 212}
+    manifest = DatasetManifest(name="office_caltech", domains=list(train), classes=[str(k) for k in range(10)],
+                               image_size=(64, 64), channels=3, splits={d: {"train": n, "val": 1, "test": 1}
+                                                                        for d, n in train.items()},
+                               normalize={}, shards={}, source="fake", protocol={})
+    percent = load_preset("fedrdn-t1-office:paper-sizes").options["percent"]
+    for seed in (0, 1):
+        clients = make_clients(manifest, 1, seed, percent=percent)
+        assert [c.num_train for c in clients] == [459, 538, 76, 141]
+    assert [len(c.rows["train"]) for c in make_clients(manifest, 1, 0, samples_per_client=62)] == [62] * 4
+
+
+def test_a_variant_that_does_not_exist_is_a_one_line_error_naming_those_that_do():
+    with pytest.raises(MpiflError, match=r"^preset fedrdn-t1-office has no variant 'nope'; its variants: "
+                                         r"fedrdn-t1-office:code, fedrdn-t1-office:paper-sizes, or run --preset "
+                                         r"fedrdn-t1-office$"):
+        load_preset("fedrdn-t1-office:nope")
+    with pytest.raises(MpiflError, match=r"^preset fedwon-t1-office has no variant ''; it has no variants"):
+        load_preset("fedwon-t1-office:")
+    with pytest.raises(MpiflError, match="^unknown preset 'nope'"):
+        load_preset("nope:code")
+
+
+@pytest.mark.parametrize("variant, problem", [
+    ({"title": "t", "options": {"rounds": 1}, "selection": "first"}, "selection must be one of"),
+    ({"title": "t", "options": {"rounds": 1}, "rows": []}, r"unknown keys \['rows'\] in variant 'v'"),
+    ({"title": "t"}, "variant 'v' has no options"),
+    ({"options": {"rounds": 1}}, "KeyError: 'title'"),
+])
+def test_a_malformed_variant_is_a_one_line_error(tmp_path, monkeypatch, variant, problem):
+    import yaml
+
+    import mpifl.presets as presets
+
+    raw = yaml.safe_load((presets.PRESET_DIR / "fedrdn-t1-office.yaml").read_text())
+    raw["variants"] = {"v": variant}
+    (tmp_path / "fedrdn-t1-office.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    with pytest.raises(MpiflError, match=f"^preset file .* is malformed: .*{problem}") as refused:
+        load_preset("fedrdn-t1-office:v")
+    assert "\n" not in str(refused.value)
+
+
+def test_list_presets_shows_each_variant_and_the_round_each_compares():
+    output = CliRunner().invoke(main, ["--list-presets"]).output
+    assert "    compares: our last round with the paper's" in output
+    assert ("    variant fedrdn-t1-office:code: the authors' code: 62 training images per client, equal weights, 99 "
+            "rounds, best round (samples_per_client=62, uniform_weights=True, rounds=99; compares our "
+            "best-validation round)") in output
+    assert "    variant fedrdn-t1-office:paper-sizes: " in output

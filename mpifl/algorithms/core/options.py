@@ -25,7 +25,8 @@ ALPHA = Option("alpha", float, 0.01,
                "regularization weight alpha (FedDyn: dynamic regularizer; FedDC: drift penalty)")
 BETA1 = Option("beta1", float, 0.9, "server first-moment decay: m <- beta1 m + (1 - beta1) Delta")
 BETA2 = Option("beta2", float, 0.99, "server second-moment decay: v <- beta2 v + (1 - beta2) Delta^2 (Yogi: "
-               "v <- v - (1 - beta2) Delta^2 sign(v - Delta^2))")
+               "v <- v - (1 - beta2) Delta^2 sign(v - Delta^2)); 0.99 is Flower's default, Reddi et al.'s "
+               "experiments keep Keras' 0.999")
 TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2")
 GUIDE_LAMBDA = Option("guide_lambda", float, 0.0,
                       "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the task's loss (CE; on "

@@ -82,7 +82,8 @@ class AdaptiveServerOptimizer(ServerOptimizer):
     from m_{-1} = 0 and v_{-1} = tau^2 (Algorithm 2 asks v_{-1} >= tau^2: its least value), without bias
     correction, as the paper writes it.  (The authors' code, google-research/federated ``optimization``, runs
     Keras' optimizers instead: Adagrad and Yogi accumulators from 0, Adam bias-corrected.)  beta1 = ``--beta1``
-    (0.9), beta2 = ``--beta2`` (0.99), tau = ``--tau`` (1e-3): the authors' flags for their experiments.
+    (0.9, Keras' default, which the authors keep), beta2 = ``--beta2`` (0.99, Flower's default; the authors keep
+    Keras' 0.999), tau = ``--tau`` (1e-3, the authors' recommended start; their best per task: 1e-5 to 1e-1).
     eta = ``--server-lr`` and the clients' ``--lr`` are tuned per task there; each member states its default."""
 
     slots = ("m", "v")
