@@ -12,7 +12,8 @@ changes nothing on disk:
    of the same directory is refused while the first lives; the claim ends with the process however it ends,
    and a crashed run's directory is resumable at once;
 3. **open** once every rank has set up (:meth:`.rundir.RunDir.create`): create a new directory (claimed, then
-   checked again, which settles a race between two runs given the same ``--out``), write the resolved
+   checked again, which settles a race between two runs given the same ``--out``, or one inside the other:
+   :func:`check_alone`), write the resolved
    ``config.json`` that ``--config`` and ``--resume`` read back;
 4. **keep** (:class:`.rundir.RunDir`, which writes every file of the run but the client ranks' checkpoint files):
    before each record, checkpoint and the summaries, rank 0 checks that the directory at the path is still the one
