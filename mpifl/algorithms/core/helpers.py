@@ -113,8 +113,8 @@ class AlgorithmHelpers:
     def check_options(cls, cfg: RunConfig) -> None:
         """One line for an option given a value it does not take: a rule option's ``choices``, a count's
         ``minimum`` (:meth:`Option.problem`)."""
-        for option in cls.options:
-            problem = option.problem(cfg.opt(option.name))
+        for option in cls.options:  # a configuration built in code may leave an option out: it takes the default
+            problem = option.problem(cfg.algo_options.get(option.name, option.default))
             if problem:
                 raise MpiflError(problem)
 
