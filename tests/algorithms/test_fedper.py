@@ -31,7 +31,7 @@ def test_complement_of_lg_fedavg():
     assert set(fedper.private_keys) - counters == set(lg.shared_keys)
 
 
-@pytest.mark.parametrize("k,problem", [(0, "must be >= 1, got 0"), (5, ": the model has 4 blocks")])
+@pytest.mark.parametrize("k,problem", [(0, " must be >= 1, got 0"), (5, ": the model has 4 blocks")])
 def test_bad_number_of_personal_layers(k, problem):
-    with pytest.raises(MpiflError, match=f"--fedper-personal-layers {problem}"):
+    with pytest.raises(MpiflError, match=f"--fedper-personal-layers{problem}"):
         make_algo("fedper", fedper_personal_layers=k)
