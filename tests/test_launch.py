@@ -28,6 +28,23 @@ def test_local_launcher_sizes_the_job_and_runs_it(data_root, tmp_path):
     assert len(read_metrics(tmp_path / "run")) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", ["abc", "0", "-2", "1.5"])
+def test_an_mpifl_ranks_that_is_no_number_of_ranks_is_refused_before_anything_runs(data_root, tmp_path, ranks):
+    """Issue 48: ``MPIFL_RANKS=abc`` or ``0`` went to ``mpirun -n``, and the job ran in one process without a word."""
+    launcher = tmp_path / "mpirun"
+    launcher.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'launched'}\n")
+    launcher.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPIRUN": str(launcher), "MPIFL_RANKS": ranks,
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run([str(REPO / "launch" / "local.sh"), "--data-root", str(data_root), "--rounds", "1"],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"launch/local.sh: error: MPIFL_RANKS={ranks} is no number of ranks; set a whole number >= 1, or unset it "
+        "for 1 + min(clients, GPUs or cores)"], proc.stderr
+    assert not (tmp_path / "launched").exists()
+
+
 def test_hosts_refuses_a_user_other_than_root_in_one_line_before_touching_anything(tmp_path, monkeypatch, capsys):
     """Issue 48: ``launch/hosts.py start 2`` as a user gave a 14-line PermissionError from its state folder."""
     monkeypatch.setenv("MPIFL_HOSTS_STATE", str(tmp_path / "state"))
