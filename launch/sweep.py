@@ -17,6 +17,9 @@ stopped) and collects every run's mean test accuracy into ``OUT/results.csv``.
 ``--slurm SCRIPT`` submits ``sbatch --array=0-(N-1) SCRIPT`` once: task i runs point i (the script reads
 ``MPIFL_CONFIG_LIST``), into ``OUT/runs/<job name>-<array job>_<i>-<point>``; ``--sbatch-args`` adds
 options (``"-p gpu -A project"``), ``--max-parallel K`` runs at most K tasks at a time.
+
+Grid keys and the options after ``--`` are checked against mpifl's own options once, before any point starts
+(with ``--local``, each point's whole configuration, as ``python -m mpifl.run`` resolves it).
 """
 
 from __future__ import annotations
@@ -31,14 +34,25 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "launch" / "local.sh"
-sys.path.insert(0, str(REPO))  # this checkout's mpifl, which names the files of a run directory
-from mpifl.rundir.names import SUMMARY_CSV  # noqa: E402  (after the path above)
+sys.path.insert(0, str(REPO))  # this checkout's mpifl: its options, and the files of a run directory
+import click  # noqa: E402  (after the path above)
+
+from mpifl.algorithms import all_options  # noqa: E402
+from mpifl.errors import MpiflError  # noqa: E402
+from mpifl.job.cli import build_config, command  # noqa: E402
+from mpifl.plan.config import CORE_KEYS, resolve  # noqa: E402
+from mpifl.rundir.names import SUMMARY_CSV  # noqa: E402
+
 # options a sweep owns: the config, the run directory
 RESERVED = ("config", "out", "resume")
+# options after which mpifl.run prints and exits instead of running a point
+NOT_A_RUN = ("show_manifest", "help", "h", "version", "list_presets")
+PROG = "python -m mpifl.run"
 
 
 class SweepError(Exception):
@@ -62,9 +76,15 @@ def key_name(text: str) -> str:
     return text.strip().lstrip("-").replace("-", "_")
 
 
+def flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
 def parse_grid(specs: list[str]) -> list[tuple[str, list]]:
-    """``["lr=0.01,0.1", "algo=fedavg"]`` -> ``[("lr", [0.01, 0.1]), ("algo", ["fedavg"])]``."""
+    """``["lr=0.01,0.1", "algo=fedavg"]`` -> ``[("lr", [0.01, 0.1]), ("algo", ["fedavg"])]``; a key mpifl has
+    no option for, or a value its option cannot take, is refused."""
     grid: list[tuple[str, list]] = []
+    known = set(CORE_KEYS) | set(all_options())
     for spec in specs:
         key, sep, values = spec.partition("=")
         key = key_name(key)
@@ -72,9 +92,17 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list]]:
             raise SweepError(f"--grid {spec!r}: write KEY=V1,V2,... (e.g. --grid lr=0.01,0.1)")
         if key in RESERVED:
             raise SweepError(f"--grid {key}: the sweep sets --{key} itself")
+        if key not in known:
+            raise SweepError(f"--grid {key}: mpifl has no option {flag(key)}; see `{PROG} --help` for its options")
         if key in dict(grid):
             raise SweepError(f"--grid {key} is given twice; list all its values in one --grid")
         grid.append((key, [parse_value(v) for v in values.split(",")]))
+    for key, values in grid:
+        for value in values:
+            try:
+                resolve({key: value}, {}, all_options())  # mpifl's own types
+            except MpiflError as exc:
+                raise SweepError(f"--grid {key}: {exc}") from None
     return grid
 
 
@@ -93,14 +121,66 @@ def point_name(index: int, point: dict) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", f"p{index:03d}-{text}" if text else f"p{index:03d}")
 
 
+def parse_run(args: list[str]) -> click.Context:
+    """``args`` as ``python -m mpifl.run`` parses them (unknown options, values of the wrong type: one line)."""
+    try:
+        return command().make_context(PROG, list(args))
+    except click.ClickException as exc:
+        raise SweepError(" ".join(exc.format_message().split()).rstrip(".")) from None
+
+
 def check_common(common: list[str], grid: list[tuple[str, list]], seeds) -> None:
-    given = {key_name(a.split("=", 1)[0]) for a in common if a.startswith("--")}
+    given = {key_name(a.split("=", 1)[0]) for a in common if a.startswith("-")}
     for key in RESERVED:
         if key in given:
             raise SweepError(f"--{key} among the common options: the sweep sets it for every point")
+    for key in NOT_A_RUN:
+        if key in given:
+            raise SweepError(f"{'-' if len(key) == 1 else '--'}{key.replace('_', '-')} among the common options: "
+                             "the points would print and exit instead of running; drop it")
     clash = sorted(given & ({k for k, _ in grid} | ({"seed"} if seeds else set())))
     if clash:
         raise SweepError(f"{', '.join('--' + k for k in clash)} is both swept and a common option; keep one")
+    try:
+        parse_run(common)
+    except SweepError as exc:
+        raise SweepError(f"the options after --: {exc}") from None
+
+
+def run_config(config: Path, run_dir: Path, common: list[str]) -> tuple[dict, list[str]]:
+    """The whole configuration ``launch/local.sh --config CONFIG --out RUN_DIR COMMON`` runs, as its
+    ``config.json`` will hold it (resolved by mpifl's own command line: defaults, --preset, the file, the flags),
+    and mpifl's warnings about it."""
+    ctx = parse_run(["--config", str(config), "--out", str(run_dir), *common])
+    values = dict(ctx.params)
+    config_file = values.pop("config_file")
+    values.pop("show_manifest")
+    values.pop("resume")
+    try:
+        cfg, warnings = build_config(ctx, config_file, values)
+    except MpiflError as exc:
+        raise SweepError(str(exc)) from None
+    return json.loads(json.dumps(cfg.to_flat())), warnings
+
+
+def local_configs(out: Path, names: list[str], points: list[dict], common: list[str]) -> tuple[list[dict], list[str]]:
+    """What each point will run (:func:`run_config`), and mpifl's warnings about them, each once; a point mpifl
+    would refuse is refused now, before any runs."""
+    wanted, warnings = [], {}
+    with tempfile.TemporaryDirectory(prefix="mpifl-sweep-") as folder:
+        for name, point in zip(names, points):
+            path = Path(folder) / f"{name}.json"
+            path.write_text(json.dumps(point))
+            try:
+                cfg, said = run_config(path, out / "runs" / name, common)
+            except SweepError as exc:
+                raise SweepError(f"point {name}: {exc}; fix --grid or the options after --") from None
+            warnings.update(dict.fromkeys(said))
+            if cfg["holdout"] == "all":
+                raise SweepError(f"point {name}: --holdout all in a --local sweep; sweep the folds instead "
+                                 "(--grid holdout=DOMAIN1,DOMAIN2,...), one point each")
+            wanted.append(cfg)
+    return wanted, list(warnings)
 
 
 def write_configs(out: Path, points: list[dict]) -> list[Path]:
@@ -169,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     own, common = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = _parser().parse_args(own)
+    out = args.out or Path("runs") / f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     try:
         grid = parse_grid(args.grid)
         points = expand(grid, args.seeds)
         check_common(common, grid, args.seeds)
+        warnings = []
+        if args.local:
+            _, warnings = local_configs(out, [point_name(i, p) for i, p in enumerate(points)], points, common)
     except SweepError as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("runs") / f"sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    for line in warnings:
+        print(f"sweep: warning: {line}", file=sys.stderr)
     paths = write_configs(out, points)
     (out / "sweep.json").write_text(json.dumps(
         {"grid": dict(grid), "seeds": args.seeds, "common": common,

@@ -48,6 +48,12 @@ def test_grid_expands_to_the_cartesian_product_with_seeds_innermost(sweep):
     (["lr=0.1,0.2"], None, ["--rounds", "2", "--lr", "0.3"], "--lr is both swept and a common option"),
     (["lr=0.1,0.2"], [0, 1], ["--seed=4"], "--seed is both swept"),
     (["lr=0.1,0.2"], None, ["--config", "x.json"], "--config among the common options"),
+    # mpifl's own options and types, checked once: not N points failing alike
+    (["bogus=1,2"], None, [], "--grid bogus: mpifl has no option --bogus; see `python -m mpifl.run --help`"),
+    (["lr=0.1,abc"], None, [], "--grid lr: option lr must be float, got 'abc'"),
+    (["lr=0.1"], None, ["--bogus", "3"], "the options after --: No such option '--bogus'"),
+    (["lr=0.1"], None, ["--rounds", "x"], "the options after --: Invalid value for '--rounds': 'x' is not a valid"),
+    (["lr=0.1"], None, ["--show-manifest"], "--show-manifest among the common options: the points would print"),
 ])
 def test_bad_sweeps_are_refused(sweep, grids, seeds, common, message):
     with pytest.raises(sweep.SweepError, match=re.escape(message)):
@@ -56,11 +62,27 @@ def test_bad_sweeps_are_refused(sweep, grids, seeds, common, message):
         sweep.check_common(common, grid, seeds)
 
 
+def _main(sweep, capsys, *args: str) -> tuple[int, list[str]]:
+    """The sweep's command line in this process: its exit code and the lines it printed on stderr."""
+    code = sweep.main(list(args))
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_an_unknown_grid_key_or_common_option_is_refused_once_and_nothing_is_written(sweep, capsys, tmp_path):
+    for args in (["--grid", "bogus=1,2"], ["--grid", "lr=0.1,0.2", "--", "--bogus", "3"],
+                 ["--grid", "lr=0.1,-1"]):  # a value mpifl refuses: said once, for the point, before any runs
+        code, lines = _main(sweep, capsys, *args[:2], "--local", "--out", str(tmp_path / "SW"), "--dry-run",
+                            *args[2:])
+        assert code == 2 and len(lines) == 1, lines
+        assert ("--bogus" in lines[0] or "point p001-lr=-1: --lr must be > 0" in lines[0]), lines
+        assert not (tmp_path / "SW").exists()
+
+
 @pytest.mark.slow
 def test_dry_run_writes_one_config_per_point_and_prints_the_local_commands(tmp_path):
     out = tmp_path / "sweep"
     proc = run_sweep("--grid", "lr=0.01,0.1", "--grid", "algo=fedavg,fedbn", "--local", "--out", str(out),
-                     "--dry-run", "--", "--rounds", "2", "--note", "two words")
+                     "--dry-run", "--", "--rounds", "2", "--data-root", "two words")
     assert proc.returncode == 0, proc.stderr
     listed = (out / "configs.txt").read_text().splitlines()
     assert listed == ["configs/p000-lr=0.01-algo=fedavg.json", "configs/p001-lr=0.01-algo=fedbn.json",
@@ -69,10 +91,10 @@ def test_dry_run_writes_one_config_per_point_and_prints_the_local_commands(tmp_p
     commands = [shlex.split(line) for line in proc.stdout.splitlines()]
     assert len(commands) == 4
     assert commands[1] == [str(REPO / "launch" / "local.sh"), "--config", str(out / listed[1]),
-                           "--out", str(out / "runs" / "p001-lr=0.01-algo=fedbn"), "--rounds", "2", "--note",
+                           "--out", str(out / "runs" / "p001-lr=0.01-algo=fedbn"), "--rounds", "2", "--data-root",
                            "two words"]
     assert not (out / "runs").exists()  # nothing ran
-    assert json.loads((out / "sweep.json").read_text())["common"] == ["--rounds", "2", "--note", "two words"]
+    assert json.loads((out / "sweep.json").read_text())["common"] == ["--rounds", "2", "--data-root", "two words"]
 
 
 @pytest.mark.slow
