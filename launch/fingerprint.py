@@ -150,7 +150,7 @@ def algorithms_of(code: Path, env: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n")[-1])
+                                     epilog=__doc__.split("\n\n")[-1].replace("``", ""))
     parser.add_argument("out", type=Path, help="a new folder: data, runs and fingerprints.json go there")
     parser.add_argument("algos", nargs="*", help="the algorithms (default: every registered one)")
     parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose numbers (default: this one)")

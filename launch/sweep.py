@@ -323,6 +323,8 @@ def collect(out: Path, names: list[str], points: list[dict]) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/sweep.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[2:]).replace("``", ""),
                                 usage="%(prog)s --grid KEY=V1,V2 [--grid ...] [--seeds 0,1,2] "
                                       "(--local | --slurm SCRIPT) [--out DIR] [--dry-run] -- [mpifl options]")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
