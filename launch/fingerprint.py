@@ -5,6 +5,7 @@
     git worktree add ../before main && python launch/fingerprint.py OUT2 --code ../before
     diff OUT/fingerprints.json OUT2/fingerprints.json
     python launch/fingerprint.py OUT3 --with=--fold-threads=3   # an option that must leave the numbers as they are
+    diff OUT/fingerprints.json OUT3/fingerprints.json           # only the "with" entry may differ
 
 Each algorithm runs 2 rounds in one process (no launcher), ``--seed 0 --threads 1``, on the generated
 styledigits set with ``smallcnn``: 10 clients (2 per domain), half of them per round, 64 training images each,
@@ -14,7 +15,15 @@ fields, and of every tensor of its last checkpoint: the server's state and each 
 numbers are those of the checkout ``--code`` names (default: the one this script is in), whose
 ``python -m mpifl.run`` runs them (a folder without mpifl, or one whose Python would import another mpifl, such
 as an installed one, is refused); the fingerprints are computed here, so two checkouts of different layouts
-compare.  An algorithm whose run fails is recorded as ``failed: <its last line>``.
+compare.  An algorithm whose run fails is recorded as ``failed: <its last line>``.  ``fingerprints.json`` holds
+``{"with": [the --with options], "algorithms": {algorithm: fingerprint}}``.
+
+``--with`` adds an option to every run, to show that it leaves every number as it is; so it takes only the
+options that cannot change them: of those a resumed run may change (``mpifl.plan.config.RESUMABLE``: how a run
+runs, not what it computes), the ones whose numbers the docs promise bit for bit.  Not --rounds, --data-root,
+--threads (CPU kernels round by their thread count) or --ckpt-every (the checkpoint it hashes), which this script
+sets; not --device or --deterministic (other kernels); not --eval-batch-size or --stream-above (other evaluation
+batches, summed in another order).  Any other option is refused in one line, before anything runs.
 """
 
 from __future__ import annotations
@@ -34,6 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 OWN_OPTIONS = {"fixbn": ["--fixbn-stage-rounds", "1"], "fedbabu": ["--fedbabu-finetune-epochs", "1"],
                "ccst": ["--ccst-k", "1", "--samples-per-client", "32"]}
 UNTIMED = ("seconds", "rank_seconds", "memory")  # what differs from one run of the same numbers to the next
+#: What --with takes, of mpifl.plan.config.RESUMABLE: rank 0's fold cores (the same bits for any count), the
+#: clients' private state kept in memory (results identical), the timeouts, where GPU messages live
+NEUTRAL = ("fold_threads", "private_memory", "round_timeout", "peer_timeout", "gpu_buffers")
+#: and what it refuses (the module's docstring says why; a streamed split's evaluation batches end at its blocks:
+#: docs/design.md, "Evaluation, spread by batches"); the two are all of RESUMABLE (tests/test_fingerprint.py)
+CHANGING = ("rounds", "data_root", "threads", "ckpt_every", "device", "deterministic", "eval_batch_size",
+            "stream_above")
 
 
 def run_args(algo: str, data_root: Path, out: Path, style_model: Path) -> list[str]:
@@ -89,6 +105,31 @@ def fingerprint(run: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_with(words: list[str]) -> None:
+    """Exit with one line unless ``words`` (the --with options, one word each: ``--fold-threads=3``, or
+    ``--fold-threads`` then ``3``) are options of :data:`NEUTRAL` with values mpifl takes."""
+    import click
+
+    from mpifl.errors import MpiflError
+    from mpifl.job.cli import build_config, command
+
+    for i, word in enumerate(words):
+        if i and words[i - 1].startswith("--") and "=" not in words[i - 1]:
+            continue  # the value of the option before
+        key = word.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if not word.startswith("--") or key not in NEUTRAL:
+            flags = ", ".join("--" + k.replace("_", "-") for k in NEUTRAL)
+            sys.exit(f"fingerprint: --with {word}: --with takes only an option that cannot change the numbers: "
+                     f"{flags} (see --help)")
+    try:
+        ctx = command().make_context("python -m mpifl.run", list(words))
+        build_config(ctx, None, dict(ctx.params))
+    except click.ClickException as exc:
+        sys.exit(f"fingerprint: --with {' '.join(words)}: {' '.join(exc.format_message().split()).rstrip('.')}")
+    except MpiflError as exc:
+        sys.exit(f"fingerprint: --with {' '.join(words)}: {exc}")
+
+
 def algorithms_of(code: Path, env: dict) -> list[str]:
     """The algorithms of the mpifl in checkout ``code``, as ``python -m mpifl.run`` started there with ``env`` sees
     them; one line (exit) when ``code`` holds no mpifl or that Python would import another (an installed one)."""
@@ -107,16 +148,20 @@ def algorithms_of(code: Path, env: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n")[-1].replace("``", ""))
     parser.add_argument("out", type=Path, help="a new folder: data, runs and fingerprints.json go there")
     parser.add_argument("algos", nargs="*", help="the algorithms (default: every registered one)")
     parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose numbers (default: this one)")
     parser.add_argument("--with", dest="extra", action="append", default=[], metavar="OPTION",
-                        help="an option added to every run, e.g. --with=--fold-threads=3 (one that must not change the "
-                             "numbers)")
+                        help="an option added to every run, e.g. --with=--fold-threads=3; only one that cannot change "
+                             "the numbers (below): " + ", ".join("--" + k.replace("_", "-") for k in NEUTRAL))
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from mpifl.models.adain import save_random_style_model
+
+    check_with(args.extra)
 
     if args.out.exists():
         sys.exit(f"fingerprint: {args.out} exists; pass a new folder")
@@ -137,7 +182,7 @@ def main() -> None:
         last = (job.stderr.strip().splitlines() or [f"exit {job.returncode}"])[-1]
         prints[algo] = fingerprint(run) if job.returncode == 0 else f"failed: {last}"
         print(f"{algo} {prints[algo]}", flush=True)
-    (out / "fingerprints.json").write_text(json.dumps(prints, indent=1) + "\n")
+    (out / "fingerprints.json").write_text(json.dumps({"with": args.extra, "algorithms": prints}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -140,8 +140,6 @@ def link_up(host: str) -> bool:
 # ------------------------------------------------------------------ start, stop, status
 
 def start(n: int) -> None:
-    if os.geteuid() != 0:
-        raise Refusal("run as root (network namespaces)")
     if names():
         if len(names()) == n and status(quiet=True) == 0:
             if not broker_alive():
@@ -433,6 +431,8 @@ def main(argv: list[str]) -> int:
     if Path(argv[0]).name == "hosts-ssh":
         return ssh(argv[1:])
     verb, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    if verb in ("start", "stop", "kill", "cut", "mend") and os.geteuid() != 0:  # before anything is touched
+        raise Refusal(f"launch/hosts.py {verb} needs root (network namespaces, {STATE}); run it as root")
     one_host = {"kill", "cut", "mend", "procs", "bytes"}
     if verb == "start" and len(args) <= 1 and (not args or args[0].isdigit() and 1 <= int(args[0]) <= 9):
         with exclusive():

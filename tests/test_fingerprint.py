@@ -25,9 +25,12 @@ def fingerprint():
 
 @pytest.mark.slow
 def test_the_fingerprint_ignores_timings_and_sees_one_ulp_of_a_number_or_a_tensor(fingerprint, tmp_path):
-    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "fedbn"], capture_output=True, text=True)
+    job = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), "fedbn", "--with=--peer-timeout=30"],
+                         capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
-    (name, value), = json.loads((tmp_path / "out" / "fingerprints.json").read_text()).items()
+    recorded = json.loads((tmp_path / "out" / "fingerprints.json").read_text())
+    assert recorded["with"] == ["--peer-timeout=30"]  # what the runs had besides the fingerprint's own options
+    (name, value), = recorded["algorithms"].items()
     run = tmp_path / "out" / "runs" / "fedbn"
     assert name == "fedbn" and fingerprint.fingerprint(run) == value
     metrics = run / "metrics.jsonl"
@@ -103,3 +106,26 @@ def test_code_that_is_not_a_checkout_whose_numbers_it_would_give_is_refused_in_o
     line = _refused(fingerprint, monkeypatch, tmp_path / "out", "fedbn", "--code", code)
     assert line.startswith(f"fingerprint: ") and said.format(code=code) in line and "\n" not in line, line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("words,said", [
+    (["--with=--seed=1"], "--with --seed=1: --with takes only an option that cannot change the numbers: "
+                          "--fold-threads, --private-memory, --round-timeout, --peer-timeout, --gpu-buffers"),
+    (["--with=--threads=2"], "--with --threads=2: --with takes only an option that cannot change the numbers"),
+    (["--with=--eval-batch-size=64"], "--with --eval-batch-size=64: --with takes only an option that cannot"),
+    (["--with=3"], "--with 3: --with takes only an option"),
+    (["--with=--fold-threads", "--with=-1"], "--with --fold-threads -1: --fold-threads must be >= 0"),
+    (["--with=--round-timeout=abc"], "--with --round-timeout=abc: Invalid value for '--round-timeout'"),
+])
+def test_with_takes_only_an_option_that_cannot_change_the_numbers(fingerprint, tmp_path, monkeypatch, words, said):
+    """Issue 48: ``--with=--seed=1`` ran every method with other numbers than its fingerprint claims."""
+    line = _refused(fingerprint, monkeypatch, tmp_path / "out", "fedbn", *words)
+    assert line == f"fingerprint: {said}" or line.startswith(f"fingerprint: {said}"), line
+    assert "\n" not in line and not (tmp_path / "out").exists()
+
+
+def test_every_resumable_option_is_either_taken_or_refused_by_with(fingerprint):
+    """An option a resume may change, added to mpifl, is refused by --with until someone decides it is neutral."""
+    from mpifl.plan.config import RESUMABLE
+
+    assert sorted(fingerprint.NEUTRAL + fingerprint.CHANGING) == sorted(RESUMABLE)
