@@ -1,10 +1,21 @@
+import errno
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
-from mpifl.bench import fold_seconds, speedup_bound
+from mpifl import bench
+from mpifl.bench import fold_seconds, main, speedup_bound
+
+from .conftest import REPO
+
+#: a fold case that takes milliseconds: two uploads of 10 kB on one core
+FOLD = ["--case", "fold", "--fold-clients", "2", "--fold-mb", "0.01", "--fold-threads", "1", "--repeats", "1"]
+CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("sizes, ranks, bound", [
@@ -66,3 +77,125 @@ def test_many_clients_case_reports_time_and_every_ranks_peak_memory(tmp_path, da
     assert all(len(r["seconds_per_round"]) == 2 and len(r["peak_rss_bytes"]) == 3 and min(r["peak_rss_bytes"]) > 0
                for r in runs)
     assert runs[0]["rank0_peak_over_smallest_fraction"] == 1.0 and "scaffold   C = 0.5" in proc.stdout
+
+
+def calls(monkeypatch, name: str) -> list:
+    """The calls of ``mpifl.bench.<name>``, which still runs."""
+    seen, real = [], getattr(bench, name)
+
+    def spy(*args, **kwargs):
+        seen.append(args)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(bench, name, spy)
+    return seen
+
+
+def refused(result) -> str:
+    """The one line of a refusal, which printed nothing else."""
+    assert result.exit_code == 2 and result.stdout == "", (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpifl: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_json_out_in_a_missing_folder_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    folds = calls(monkeypatch, "fold_seconds")
+    line = refused(CliRunner().invoke(main, [*FOLD, "--json-out", str(tmp_path / "missing" / "b.json")]))
+    assert f"the folder {tmp_path / 'missing'} does not exist; make it" in line and folds == []
+
+
+def test_the_table_is_shown_before_the_write_and_a_failed_write_keeps_the_results_on_screen(tmp_path, monkeypatch):
+    """The folder gone while the benchmark ran: the table, then the results' JSON on one line, then what failed."""
+    folder = tmp_path / "w"
+    folder.mkdir()
+    fold = bench.fold_seconds
+    monkeypatch.setattr(bench, "fold_seconds", lambda *args: (fold(*args), folder.rmdir())[0])
+    result = CliRunner().invoke(main, [*FOLD, "--json-out", str(folder / "b.json")])
+    assert result.exit_code == 2, result.output
+    table = result.stdout.splitlines()
+    assert table[0].startswith("fold of 2 x 0.01 MB") and table[1].startswith("    1 core(s): all at once")
+    assert [row["threads"] for row in json.loads(table[2])["rows"]] == [1] and len(table) == 3
+    assert result.stderr == (f"mpifl: error: results not written to {folder / 'b.json'} (No such file or directory); "
+                             "the table and the JSON line above hold them: save that line, then free the disk or fix "
+                             "the folder\n")
+
+
+def test_a_write_that_fills_the_disk_leaves_no_partial_file(tmp_path, monkeypatch):
+    fdopen = os.fdopen
+
+    class Full:
+        """A file on a disk that fills after 10 bytes."""
+
+        def __init__(self, fd, mode):
+            self.file = fdopen(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:10])
+            self.file.flush()
+            if text[10:]:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(bench.os, "fdopen", Full)
+    result = CliRunner().invoke(main, [*FOLD, "--json-out", str(tmp_path / "b.json")])
+    assert result.exit_code == 2 and "(No space left on device)" in result.stderr, result.output
+    assert json.loads(result.stdout.splitlines()[-1])["clients"] == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_results_go_to_a_new_file_under_runs_bench_and_never_over_another(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "stamp", lambda: "20250102-030405", raising=False)
+    (tmp_path / "bench.json").write_text("the old default's file")
+    said = [CliRunner().invoke(main, FOLD).stdout.splitlines()[-1] for _ in range(3)]
+    names = ["fold-20250102-030405.json", "fold-20250102-030405_1.json", "fold-20250102-030405_2.json"]
+    assert said == [f"results written to runs/bench/{name}" for name in names]
+    assert sorted(p.name for p in (tmp_path / "runs" / "bench").iterdir()) == names
+    assert all(json.loads((tmp_path / "runs" / "bench" / name).read_text())["clients"] == 2 for name in names)
+    assert (tmp_path / "bench.json").read_text() == "the old default's file"
+
+
+def test_an_existing_json_out_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    folds = calls(monkeypatch, "fold_seconds")
+    (tmp_path / "b.json").write_text("earlier results")
+    line = refused(CliRunner().invoke(main, [*FOLD, "--json-out", str(tmp_path / "b.json")]))
+    assert "exists; results are never overwritten" in line and folds == []
+    assert (tmp_path / "b.json").read_text() == "earlier results"
+
+
+def test_a_json_out_folder_gets_a_new_file_and_a_name_taken_meanwhile_the_next_free_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "stamp", lambda: "20250102-030405", raising=False)
+    assert CliRunner().invoke(main, [*FOLD, "--json-out", str(tmp_path)]).stdout.splitlines()[-1] == (
+        f"results written to {tmp_path / 'fold-20250102-030405.json'}")
+    (tmp_path / "b.json").write_text("another process's")  # made after the check, before the write
+    bench.publish(["the table"], {"seconds": 1.0}, bench.ResultFile(tmp_path / "b.json"))
+    assert (tmp_path / "b.json").read_text() == "another process's"
+    assert json.loads((tmp_path / "b_1.json").read_text()) == {"seconds": 1.0}
+
+
+def test_a_checkout_stays_clean_after_the_benchmark(tmp_path, monkeypatch):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")
+    for args in (["init", "-q"], ["add", ".gitignore"], ["commit", "-qm", "a checkout"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(main, FOLD).exit_code == 0
+    assert subprocess.run([*git, "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout == ""
+
+
+@pytest.mark.skipif(CORES < 2, reason="folds on two cores")
+def test_the_fold_table_shows_a_count_whose_reference_was_disturbed_throughout(tmp_path, monkeypatch):
+    """Every repeat on the first count disturbed, the second's not: no ratio to the first for it, no crash."""
+    undisturbed = bench.undisturbed_seconds
+    monkeypatch.setattr(bench, "undisturbed_seconds", lambda run, tries=10, helpers=():
+                        undisturbed(run, tries, helpers) if helpers else (None, tries))
+    result = CliRunner().invoke(main, [*FOLD, "--fold-threads", "1,2", "--json-out", str(tmp_path / "b.json")])
+    assert result.exit_code == 0, result.output
+    table = result.stdout.splitlines()
+    assert table[1] == ("    1 core(s): all at once: every repeat disturbed   one client at a time: every repeat "
+                        "disturbed")
+    assert table[2].startswith("    2 core(s): all at once ") and "x" not in table[2].split("(")[1].split(";")[0]
