@@ -58,10 +58,11 @@ same bits.  A repeat during which other
 processes took CPU (``/proc/stat``) is redone, so on a shared machine the medians are of undisturbed repeats.
 ``--fold-threads N`` passes the count to the runs of ``--case cross-silo``.
 
-The table is printed, then the results go into a new JSON file, never over another: ``--json-out FILE`` (refused,
-before anything runs, if it exists or its folder does not), or a new ``<case>-<time>.json`` in a folder, by default
-``runs/bench`` (with ``_1``, ``_2``, ... while the name is taken).  A write that fails prints the results' JSON on
-one line instead.  This is a benchmark, not a test: it asserts nothing.
+Every option is checked before anything runs (a bad value, or an option the case does not read, is refused in
+one line, as are the runs' options by mpifl.run's own rules); the table is printed, then the results go into a new
+JSON file, never over another: ``--json-out FILE`` (refused if it exists), or a new ``<case>-<time>.json`` in a
+folder, by default ``runs/bench`` (with ``_1``, ``_2``, ... while the name is taken).  A write that fails prints the
+results' JSON on one line instead.  This is a benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -69,10 +70,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import multiprocessing
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,20 +83,22 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import click
 import numpy as np
 import torch
 import torch.nn.functional as F
+from click.core import ParameterSource
 
-from .algorithms import get_algorithm
+from .algorithms import ALGORITHMS, get_algorithm
 from .algorithms.core.fold_workers import FoldWorkers
 from .algorithms.core.reduction import Folding, Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
 from .errors import MpiflError
+from .job import cli
 from .models import build_model
 from .plan.config import RunConfig
 from .plan.placement import place_clients
@@ -184,18 +189,31 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
     line; default: the one beside this Python, :func:`~mpifl.process.world.own_mpirun`, else PATH's) with
     ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
     only; ``extra``: more options of mpifl.run."""
-    launcher = ([] if client_ranks is None else
-                [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)])
-    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data,
-           "--model", model_name, "--rounds", str(rounds),
-           "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
-           "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
-           "--eval-every", str(eval_every or rounds + 1), "--out", str(out), "--threads", str(threads),
-           "--device", device, *extra]
+    launcher = [] if client_ranks is None else [*launcher_command(mpirun), "-n", str(client_ranks + 1)]
+    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--out", str(out),
+           *run_arguments(data_root, data, model_name, rounds, epochs, batch_size, lr, threads, clients_per_domain,
+                          samples_per_client, device, eval_every, extra)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
+        said = proc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
+        how = "in one process" if client_ranks is None else f"with {client_ranks} client rank(s)"
+        raise MpiflError(f"the benchmark's run of mpifl.run {how} failed (exit {proc.returncode}): {said[0]}")
     return [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+
+
+def run_arguments(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int, lr: float,
+                  threads: int, clients_per_domain: int, samples_per_client: int, device: str, eval_every: int = 0,
+                  extra: tuple[str, ...] = ()) -> list[str]:
+    """The options of mpifl.run that :func:`simulator_rounds` passes (all but ``--out``)."""
+    return ["--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
+            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
+            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
+            "--eval-every", str(eval_every or rounds + 1), "--threads", str(threads), "--device", device, *extra]
+
+
+def launcher_command(mpirun: str | None) -> list[str]:
+    """``--mpirun`` as a command line (default: the mpirun beside this Python, else PATH's)."""
+    return shlex.split(mpirun or own_mpirun() or "mpirun")
 
 
 def speedup_bound(sizes: list[int], client_ranks: int) -> float:
@@ -233,13 +251,18 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
     rows = []
     for algo in algos:
         for fraction in fractions:
-            records = simulator_rounds(client_ranks, **run_options, out=out / f"{algo}-{fraction}", extra=(
-                "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)))
+            records = simulator_rounds(client_ranks, **run_options, out=out / f"{algo}-{fraction}",
+                                       extra=many_clients_options(algo, fraction, private_memory))
             rows.append({"algo": algo, "fraction": fraction, "clients_per_round": len(records[-1]["clients"]),
                          "seconds_per_round": [r["seconds"]["round"] for r in records],
                          "peak_rss_bytes": records[-1]["memory"]["peak_rss"],
                          "wire_up_bytes_per_round": records[-1]["bytes"]["wire_up"]})
     return rows
+
+
+def many_clients_options(algo: str, fraction: float, private_memory: float) -> tuple[str, ...]:
+    """The options of mpifl.run that a many-clients run adds to :func:`run_arguments`'s."""
+    return "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)
 
 
 def _cpu_of_others(helpers: Sequence[int] = ()) -> float:
@@ -447,6 +470,160 @@ def write_new(target: ResultFile, text: str) -> Path:
     return path
 
 
+# ---- the command line: every value checked before anything runs
+
+#: The options each case reads (beyond --case and --json-out); one given to a case that does not read it is refused
+CASE_OPTIONS = {
+    "cross-silo": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
+                   "device", "rounds", "repeats", "local_epochs", "batch_size", "lr", "threads", "algo",
+                   "eval_every", "mpirun", "fold_threads"),
+    "many-clients": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
+                     "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
+                     "private_memory", "mpirun"),
+    "fold": ("fold_threads", "fold_clients", "fold_mb", "repeats"),
+}
+
+
+def comma_list(option: str, text: str, item: Callable[[str], object], accepted: str, most: int | None = None) -> list:
+    """The items of a comma list option, each through ``item`` (a ValueError says why one is refused), repeats
+    dropped, at most ``most``; a bad item, or too many, is refused in one line naming it and what ``option``
+    accepts (``accepted``: "give ...")."""
+    values = []
+    for word in text.split(","):
+        try:
+            value = item(word.strip())
+        except ValueError as exc:
+            raise MpiflError(f"{option} {text}: {word.strip()!r} {exc}; {accepted}") from None
+        if value not in values:
+            values.append(value)
+    if most is not None and len(values) > most:
+        raise MpiflError(f"{option} {text}: {len(values)} values; {accepted}")
+    return values
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An item parser: a whole number from ``low`` to ``high`` (None: no bound)."""
+    def parse(word: str) -> int:
+        try:
+            value = int(word)
+        except ValueError:
+            raise ValueError("is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise ValueError("is out of range")
+        return value
+    return parse
+
+
+def share_of_clients(word: str) -> float:
+    """An item parser: a finite number in (0, 1]."""
+    try:
+        value = float(word)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not 0 < value <= 1:  # nan and inf too
+        raise ValueError("is not in (0, 1]")
+    return value
+
+
+def method_name(word: str) -> str:
+    """An item parser: a method's name."""
+    if word not in ALGORITHMS:
+        raise ValueError("is not a method")
+    return word
+
+
+def check_case_options(ctx: click.Context, case: str) -> None:
+    """Refuse options given on the command line that ``case`` does not read (they would change nothing)."""
+    unread = [param.opts[0] for param in ctx.command.params
+              if param.name not in (*CASE_OPTIONS[case], "case", "json_out")
+              and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE]
+    if unread:
+        reads = ", ".join(param.opts[0] for param in ctx.command.params if param.name in CASE_OPTIONS[case])
+        raise MpiflError(f"--case {case} does not read {', '.join(unread)}; drop {'it' if len(unread) == 1 else 'them'}"
+                         f" (it reads {reads} and --json-out)")
+
+
+def check_mpirun(mpirun: str | None) -> None:
+    """The launcher's command line parses and its program exists."""
+    try:
+        command = launcher_command(mpirun)
+    except ValueError as exc:
+        raise MpiflError(f"--mpirun {mpirun}: {exc}; quote it as a shell would") from None
+    if not command:
+        raise MpiflError("--mpirun is empty; pass the launcher, e.g. --mpirun /usr/bin/mpirun")
+    if shutil.which(command[0]) is None:
+        raise MpiflError(f"--mpirun {mpirun}: {command[0]} is not a program found here; pass the launcher's path"
+                         if mpirun else "no mpirun beside this Python or on PATH; install an MPI (pip install mpich) "
+                                        "or pass --mpirun")
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` only where a GPU is visible (the bare loop would fail on it after the checks)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise MpiflError("--device cuda was given but no CUDA GPU is visible here; use --device cpu (or auto), or run "
+                         "on a GPU node")
+
+
+def run_config(args: Sequence[str]) -> RunConfig:
+    """The configuration mpifl.run makes of ``args``, refused in one line as mpifl.run refuses it, without
+    starting it."""
+    command = cli.command()
+    try:
+        ctx = command.make_context("python -m mpifl.run", list(args))
+    except click.ClickException as exc:
+        raise MpiflError(f"mpifl.run refuses {' '.join(args)}: {exc.format_message()}") from None
+    values = dict(ctx.params)
+    for name in ("config_file", "show_manifest", "resume"):
+        values.pop(name)
+    return cli.build_config(ctx, None, values)[0]
+
+
+def checked_session(args: Sequence[str], client_ranks: int) -> Session:
+    """The session of mpifl.run's ``args`` (every check mpifl.run makes before it starts: options, data, model,
+    method), whose clients must give each of ``client_ranks`` one."""
+    cfg = run_config(args)
+    session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=client_ranks)
+    if client_ranks > len(session.clients):
+        raise MpiflError(f"--client-ranks {client_ranks}: more client ranks than the {len(session.clients)} clients "
+                         f"of {cfg.data} with --clients-per-domain {cfg.clients_per_domain}; give fewer ranks or more "
+                         "clients")
+    return session
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (``MemAvailable``), None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[int]:
+    """The fold case's core counts (0: every core this process may run on), each at most those cores, checked
+    with its other options and the memory it needs: the uploads once, again for each count, and each count's
+    float64 sums."""
+    cores = len(os.sched_getaffinity(0))
+    text = fold_threads or ",".join(str(n) for n in sorted({1, min(2, cores), cores}))
+    counts = comma_list("--fold-threads", text, whole_number(0, cores), f"give a comma list of core counts from 1 to "
+                        f"{cores} (the cores this process may run on), 0 for all of them")
+    counts = list(dict.fromkeys(n or cores for n in counts))
+    if clients < 1:
+        raise MpiflError(f"--fold-clients must be >= 1, got {clients}")
+    if not (math.isfinite(megabytes * 1e6) and megabytes * 1e6 >= 4):
+        raise MpiflError(f"--fold-mb must be a finite number of at least 4e-06 (one float32), got {megabytes}")
+    upload = int(megabytes * 1e6) // 4 * 4
+    needed, available = (clients * (1 + len(counts)) + 2 * len(counts)) * upload, available_memory()
+    if available is not None and needed > available:
+        raise MpiflError(f"--case fold needs at least {needed / 1e9:.1f} GB of memory ({clients} uploads of "
+                         f"{megabytes:g} MB, a copy for each of {len(counts)} core counts, their sums), "
+                         f"{available / 1e9:.1f} GB are available; lower --fold-mb or --fold-clients")
+    return counts
+
+
 class OneLine(click.ClickException):
     """A refusal as mpifl shows one: one line on stderr, exit code 2 (or the error's own)."""
 
@@ -487,13 +664,14 @@ class BenchCommand(click.Command):
               help="clients per domain (2: the 5 default domains split evenly over 2 ranks)")
 @click.option("--samples-per-client", default=0, show_default=True,
               help="training samples kept per client (0 = all); shortens heavy workloads")
-@click.option("--client-ranks", default="1,2", show_default=True,
-              help="comma list of client-rank counts to run mpifl with (1 is always run: the reference); "
-                   "1,2,4 on a GPU measures ranks sharing it")
+@click.option("--client-ranks", default=None,
+              help="cross-silo: comma list of client-rank counts to run mpifl with, each at most the clients (default "
+                   "1,2; 1 is always run: the reference); 1,2,4 on a GPU measures ranks sharing it; many-clients: "
+                   "one count (default 2)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="where both the bare loop (cuda:0) and the client ranks train")
-@click.option("--rounds", default=4, show_default=True, help="rounds per run (the first is warm-up)")
-@click.option("--repeats", default=2, show_default=True, help="runs of each way, in turn")
+@click.option("--rounds", default=4, show_default=True, help="rounds per run, at least 2 (the first is warm-up)")
+@click.option("--repeats", default=2, show_default=True, help="cross-silo and fold: runs of each way, in turn")
 @click.option("--local-epochs", default=1, show_default=True)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--lr", default=0.01, show_default=True)
@@ -507,57 +685,76 @@ class BenchCommand(click.Command):
 @click.option("--algos", default="fedwon,scaffold,singleset", show_default=True,
               help="many-clients: comma list of methods")
 @click.option("--fractions", default="0.01,0.1", show_default=True,
-              help="many-clients: comma list of fractions of clients per round")
+              help="many-clients: comma list of fractions of clients per round, each in (0, 1]")
 @click.option("--private-memory", default=8.0, show_default=True, help="many-clients: mpifl.run's --private-memory")
 @click.option("--mpirun", default=None,
               help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--fold-threads", default=None,
-              help="fold: comma list of core counts to fold on, this process and helper processes (default 1,2,0; "
-                   "0 = every core this process may run on); cross-silo: mpifl.run's --fold-threads, rank 0's "
-                   "(default 0: automatic)")
+              help="fold: comma list of core counts to fold on, this process and helper processes, each at most the "
+                   "cores this process may run on (default 1,2,0; 0 = all of them); cross-silo: mpifl.run's "
+                   "--fold-threads, rank 0's, one count (default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
 @click.option("--json-out", default=None,
               help="a new file for the results (one that exists is refused), or a folder to make a new "
                    "<case>-<time>.json in (default: runs/bench under the working folder)")
-def main(case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
+@click.pass_context
+def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
          fold_threads, fold_clients, fold_mb, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
-    memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  The table is printed,
-    then the results go into a new JSON file."""
-    if rounds < 2 or repeats < 1:
-        raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
+    memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  Every option is
+    checked before anything runs; the table is printed, then the results go into a new JSON file."""
+    check_case_options(ctx, case)
+    if rounds < 2:
+        raise MpiflError(f"--rounds must be >= 2 (the first round of every run is warm-up), got {rounds}")
+    if repeats < 1:
+        raise MpiflError(f"--repeats must be >= 1, got {repeats}")
     started = stamp()
     if case == "fold":
-        cores = len(os.sched_getaffinity(0))
-        counts = list(dict.fromkeys(int(n) or cores for n in (fold_threads or "1,2,0").split(",")))
+        counts = fold_plan(fold_threads, fold_clients, fold_mb)
         target = result_file(json_out, case, started)
         result = fold_seconds(fold_clients, fold_mb, counts, repeats)
         publish(fold_table(result), {"machine": {"platform": platform.platform(),
                                                  "cores": len(os.sched_getaffinity(0))}, **result}, target)
         return
-    ranks = sorted({1, *(int(k) for k in client_ranks.split(","))})
+    if eval_every < 0:
+        raise MpiflError(f"--eval-every must be >= 0 (0: after the last round only), got {eval_every}")
+    check_mpirun(mpirun)
+    check_device(device)
     data_root = str(data_root or default_data_root())
     if case == "many-clients":
+        ranks = comma_list("--client-ranks", client_ranks or "2", whole_number(1),
+                           "--case many-clients runs with one count of client ranks: give one, >= 1", most=1)
+        methods = comma_list("--algos", algos, method_name, f"give a comma list of methods: {', '.join(ALGORITHMS)}")
+        shares = sorted(comma_list("--fractions", fractions, share_of_clients,
+                                   "give a comma list of fractions of the clients, each in (0, 1]"))
         options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
                        batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
                        samples_per_client=samples_per_client, device="cpu" if device == "auto" else device)
+        for name in methods:
+            for share in shares:
+                checked_session(run_arguments(**options, extra=many_clients_options(name, share, private_memory)),
+                                ranks[0])
         target = result_file(json_out, case, started)
         with tempfile.TemporaryDirectory() as tmp:
-            rows = many_clients(algos.split(","), sorted(float(f) for f in fractions.split(",")), ranks[-1],
-                                {**options, "mpirun": mpirun}, private_memory, Path(tmp))
-        publish(many_clients_table(rows, ranks[-1], options), {
+            rows = many_clients(methods, shares, ranks[0], {**options, "mpirun": mpirun}, private_memory, Path(tmp))
+        publish(many_clients_table(rows, ranks[0], options), {
             "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
                         "torch": torch.__version__},
-            "workload": {**options, "mpirun": mpirun, "client_ranks": ranks[-1]}, "runs": rows}, target)
+            "workload": {**options, "mpirun": mpirun, "client_ranks": ranks[0]}, "runs": rows}, target)
         return
-    if not (fold_threads or "0").isdigit():
-        raise click.BadParameter("cross-silo takes one --fold-threads count")
-    extra = ("--algo", algo, "--fold-threads", fold_threads or "0")
+    ranks = sorted({1, *comma_list("--client-ranks", client_ranks or "1,2", whole_number(1),
+                                   "give a comma list of client-rank counts, each >= 1")})
+    folds = comma_list("--fold-threads", fold_threads or "0", whole_number(0),
+                       "--case cross-silo passes mpifl.run one count: give one, >= 0 (0: automatic)", most=1)
+    extra = ("--algo", algo, "--fold-threads", str(folds[0]))
+    session = checked_session(run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
+                                            clients_per_domain, samples_per_client, device, eval_every, extra),
+                              ranks[-1])
     target = result_file(json_out, case, started)
-    session = bench_session(data_root, data, model_name, clients_per_domain, samples_per_client, algo)
+    model_name = session.cfg.model  # "auto" resolved
     cores = len(os.sched_getaffinity(0))
     on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")

@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from mpifl import bench
 from mpifl.bench import fold_seconds, main, speedup_bound
+from mpifl.errors import MpiflError
 
 from .conftest import REPO
 
@@ -187,6 +189,78 @@ def test_a_checkout_stays_clean_after_the_benchmark(tmp_path, monkeypatch):
                           check=True).stdout == ""
 
 
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Any part of the benchmark that starts fails the test."""
+    for name in ("fold_seconds", "bare_round_seconds", "placed_bare_rounds", "simulator_rounds", "many_clients"):
+        monkeypatch.setattr(bench, name, lambda *args, name=name, **kwargs: pytest.fail(f"{name} ran"))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--fold-threads", "0,abc"], "--fold-threads 0,abc: 'abc' is not a whole number; give a comma list of core "
+                                  f"counts from 1 to {CORES}"),
+    (["--fold-threads", "1,,2"], "--fold-threads 1,,2: '' is not a whole number"),
+    (["--fold-threads", "-1"], "'-1' is out of range"),
+    (["--fold-threads", str(CORES + 1)], f"'{CORES + 1}' is out of range"),
+    (["--fold-mb", "nan"], "--fold-mb must be a finite number of at least 4e-06 (one float32), got nan"),
+    (["--fold-mb", "inf"], "--fold-mb must be a finite number"),
+    (["--fold-mb", "-1"], "--fold-mb must be a finite number"),
+    (["--fold-mb", "1e-7"], "--fold-mb must be a finite number"),
+    (["--fold-mb", "1e12"], "GB of memory"),
+    (["--fold-clients", "0"], "--fold-clients must be >= 1"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--rounds", "3"], "--case fold does not read --rounds; drop it"),
+    (["--json-out", ""], "--json-out is empty"),
+])
+def test_every_fold_option_is_checked_in_one_line_before_anything_runs(nothing_runs, args, says):
+    assert says in refused(CliRunner().invoke(main, [*FOLD, *args]))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--client-ranks", "0"], "--client-ranks 0: '0' is out of range; give a comma list of client-rank counts"),
+    (["--client-ranks", "1,abc"], "--client-ranks 1,abc: 'abc' is not a whole number"),
+    (["--client-ranks", "11"], "more client ranks than the 10 clients of styledigits"),
+    (["--fold-threads", "1,2"], "--fold-threads 1,2: 2 values; --case cross-silo passes mpifl.run one count"),
+    (["--fold-threads", "abc"], "'abc' is not a whole number"),
+    (["--rounds", "1"], "--rounds must be >= 2"),
+    (["--rounds", "-3"], "--rounds must be >= 2"),
+    (["--rounds", "abc"], "Invalid value for '--rounds': 'abc' is not a valid integer; see `python -m mpifl.bench"),
+    (["--repeats", "-1"], "--repeats must be >= 1"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--local-epochs", "0"], "--local-epochs must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--clients-per-domain", "0"], "--clients-per-domain must be >= 1"),
+    (["--samples-per-client", "-1"], "--samples-per-client must be >= 0"),
+    (["--threads", "-1"], "--threads must be >= 0"),
+    (["--eval-every", "-1"], "--eval-every must be >= 0"),
+    (["--algo", "bogus"], "unknown algorithm 'bogus'"),
+    (["--model", "bogus"], "unknown model 'bogus'"),
+    (["--data", "bogus"], "unknown dataset 'bogus'"),
+    (["--mpirun", "/nonexistent/mpirun -n"], "/nonexistent/mpirun is not a program found here"),
+    (["--mpirun", "mpirun 'x"], "No closing quotation"),
+    (["--fractions", "0.5"], "--case cross-silo does not read --fractions"),
+    (["--case", "many-clients", "--client-ranks", "1,2"], "2 values; --case many-clients runs with one count"),
+    (["--case", "many-clients", "--algos", "fedavg,bogus"], "--algos fedavg,bogus: 'bogus' is not a method"),
+    (["--case", "many-clients", "--fractions", "0.1,nan"], "'nan' is not in (0, 1]"),
+    (["--case", "many-clients", "--fractions", "inf"], "'inf' is not in (0, 1]"),
+    (["--case", "many-clients", "--fractions", "0"], "'0' is not in (0, 1]"),
+    (["--case", "many-clients", "--fractions", "1.5"], "'1.5' is not in (0, 1]"),
+    (["--case", "many-clients", "--fractions", "0.1,x"], "'x' is not a number"),
+    (["--case", "many-clients", "--private-memory", "nan"], "--private-memory must be a finite number"),
+    (["--case", "many-clients", "--repeats", "3"], "--case many-clients does not read --repeats"),
+    (["--case", "many-clients", "--clients-per-domain", "1", "--client-ranks", "6"], "more client ranks than the 5"),
+    pytest.param(["--device", "cuda"], "no CUDA GPU is visible",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
+])
+def test_every_option_of_the_runs_is_checked_in_one_line_before_anything_runs(nothing_runs, data_root, tmp_path,
+                                                                               monkeypatch, args, says):
+    """Refused with nothing written: no runs/bench folder either."""
+    monkeypatch.chdir(tmp_path)
+    assert says in refused(CliRunner().invoke(main, ["--data-root", str(data_root), *args]))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(CORES < 2, reason="folds on two cores")
 def test_the_fold_table_shows_a_count_whose_reference_was_disturbed_throughout(tmp_path, monkeypatch):
     """Every repeat on the first count disturbed, the second's not: no ratio to the first for it, no crash."""
@@ -199,3 +273,20 @@ def test_the_fold_table_shows_a_count_whose_reference_was_disturbed_throughout(t
     assert table[1] == ("    1 core(s): all at once: every repeat disturbed   one client at a time: every repeat "
                         "disturbed")
     assert table[2].startswith("    2 core(s): all at once ") and "x" not in table[2].split("(")[1].split(";")[0]
+
+
+def test_a_failed_run_of_mpifl_is_one_line_with_its_own_last_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kwargs: subprocess.CompletedProcess(
+        cmd, 2, "", "a warning\nmpifl: error: --lr must be > 0\n"))
+    with pytest.raises(MpiflError) as failed:
+        bench.simulator_rounds(None, "data", "styledigits", "digitmodel", 2, 1, 32, -1.0, 1, 1, 0, "cpu", tmp_path)
+    assert str(failed.value) == ("the benchmark's run of mpifl.run in one process failed (exit 2): mpifl: error: --lr "
+                                 "must be > 0")
+
+
+def test_the_runs_are_checked_as_mpifl_run_makes_them_model_auto_resolved(data_root):
+    """The session the bare loop trains is mpifl.run's for the same options (``--model auto`` was a traceback)."""
+    session = bench.checked_session(bench.run_arguments(str(data_root), "styledigits", "auto", 2, 1, 32, 0.01, 1, 2, 8,
+                                                        "cpu"), 2)
+    assert session.cfg.model == "digitmodel" and len(session.clients) == 10
+    assert [c.num_train for c in session.clients] == [8] * 10
