@@ -58,37 +58,47 @@ same bits.  A repeat during which other
 processes took CPU (``/proc/stat``) is redone, so on a shared machine the medians are of undisturbed repeats.
 ``--fold-threads N`` passes the count to the runs of ``--case cross-silo``.
 
-Prints a table and writes JSON.  This is a benchmark, not a test: it
-asserts nothing.
+Every option is checked before anything runs (a bad value, or an option the case does not read, is refused in
+one line, as are the runs' options by mpifl.run's own rules); the table is printed, then the results go into a new
+JSON file, never over another: ``--json-out FILE`` (refused if it exists), or a new ``<case>-<time>.json`` in a
+folder, by default ``runs/bench`` (with ``_1``, ``_2``, ... while the name is taken).  A write that fails prints the
+results' JSON on one line instead.  This is a benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import math
 import multiprocessing
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import click
 import numpy as np
 import torch
 import torch.nn.functional as F
+from click.core import ParameterSource
 
-from .algorithms import get_algorithm
+from .algorithms import ALGORITHMS, get_algorithm
 from .algorithms.core.fold_workers import FoldWorkers
 from .algorithms.core.reduction import Folding, Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
+from .errors import MpiflError
+from .job import cli
 from .models import build_model
 from .plan.config import RunConfig
 from .plan.placement import place_clients
@@ -179,18 +189,31 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
     line; default: the one beside this Python, :func:`~mpifl.process.world.own_mpirun`, else PATH's) with
     ``client_ranks`` client ranks, or in one process (None); ``eval_every`` 0: evaluate after the last round
     only; ``extra``: more options of mpifl.run."""
-    launcher = ([] if client_ranks is None else
-                [*shlex.split(mpirun or own_mpirun() or "mpirun"), "-n", str(client_ranks + 1)])
-    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--data-root", data_root, "--data", data,
-           "--model", model_name, "--rounds", str(rounds),
-           "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
-           "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
-           "--eval-every", str(eval_every or rounds + 1), "--out", str(out), "--threads", str(threads),
-           "--device", device, *extra]
+    launcher = [] if client_ranks is None else [*launcher_command(mpirun), "-n", str(client_ranks + 1)]
+    cmd = [*launcher, sys.executable, "-m", "mpifl.run", "--out", str(out),
+           *run_arguments(data_root, data, model_name, rounds, epochs, batch_size, lr, threads, clients_per_domain,
+                          samples_per_client, device, eval_every, extra)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise click.ClickException(f"simulator run failed: {proc.stderr.strip().splitlines()[-1:]}")
+        said = proc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
+        how = "in one process" if client_ranks is None else f"with {client_ranks} client rank(s)"
+        raise MpiflError(f"the benchmark's run of mpifl.run {how} failed (exit {proc.returncode}): {said[0]}")
     return [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+
+
+def run_arguments(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int, lr: float,
+                  threads: int, clients_per_domain: int, samples_per_client: int, device: str, eval_every: int = 0,
+                  extra: tuple[str, ...] = ()) -> list[str]:
+    """The options of mpifl.run that :func:`simulator_rounds` passes (all but ``--out``)."""
+    return ["--data-root", data_root, "--data", data, "--model", model_name, "--rounds", str(rounds),
+            "--local-epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(lr),
+            "--clients-per-domain", str(clients_per_domain), "--samples-per-client", str(samples_per_client),
+            "--eval-every", str(eval_every or rounds + 1), "--threads", str(threads), "--device", device, *extra]
+
+
+def launcher_command(mpirun: str | None) -> list[str]:
+    """``--mpirun`` as a command line (default: the mpirun beside this Python, else PATH's)."""
+    return shlex.split(mpirun or own_mpirun() or "mpirun")
 
 
 def speedup_bound(sizes: list[int], client_ranks: int) -> float:
@@ -228,13 +251,18 @@ def many_clients(algos: list[str], fractions: list[float], client_ranks: int, ru
     rows = []
     for algo in algos:
         for fraction in fractions:
-            records = simulator_rounds(client_ranks, **run_options, out=out / f"{algo}-{fraction}", extra=(
-                "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)))
+            records = simulator_rounds(client_ranks, **run_options, out=out / f"{algo}-{fraction}",
+                                       extra=many_clients_options(algo, fraction, private_memory))
             rows.append({"algo": algo, "fraction": fraction, "clients_per_round": len(records[-1]["clients"]),
                          "seconds_per_round": [r["seconds"]["round"] for r in records],
                          "peak_rss_bytes": records[-1]["memory"]["peak_rss"],
                          "wire_up_bytes_per_round": records[-1]["bytes"]["wire_up"]})
     return rows
+
+
+def many_clients_options(algo: str, fraction: float, private_memory: float) -> tuple[str, ...]:
+    """The options of mpifl.run that a many-clients run adds to :func:`run_arguments`'s."""
+    return "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)
 
 
 def _cpu_of_others(helpers: Sequence[int] = ()) -> float:
@@ -308,24 +336,323 @@ def fold_seconds(clients: int, megabytes: float, thread_counts: list[int], repea
     return {"clients": clients, "megabytes": megabytes, "rows": rows}
 
 
-def report_fold(result: dict, json_out: str) -> None:
-    """The fold table on stdout and in ``json_out``."""
-    Path(json_out).write_text(json.dumps({
-        "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0))}, **result}, indent=2)
-        + "\n")
-    click.echo(f"fold of {result['clients']} x {result['megabytes']:g} MB float32 uploads into float64 sums "
-               f"({len(os.sched_getaffinity(0))} cores); median seconds of undisturbed repeats")
+def fold_table(result: dict) -> list[str]:
+    """The fold case's table: per core count, each way's median seconds and ratio to the first count's."""
+    lines = [(f"fold of {result['clients']} x {result['megabytes']:g} MB float32 uploads into float64 sums "
+              f"({len(os.sched_getaffinity(0))} cores); median seconds of undisturbed repeats")]
     for row in result["rows"]:
-        click.echo(f"  {row['threads']:3d} core(s): " + "   ".join(
-            f"{name.replace('_', ' ')} {row[name]['seconds']:.3f} s (x{row[name]['ratio_to_first']:.2f}; "
-            f"{len(row[name]['repeats'])} kept, {row[name]['dropped']} disturbed)"
-            if row[name]["seconds"] else f"{name.replace('_', ' ')}: every repeat disturbed"
-            for name in ("all_at_once", "one_client_at_a_time"))
-            + ("" if row["same_bits"] else "   DIFFERENT BITS"))
-    click.echo(f"results written to {json_out}")
+        lines.append(f"  {row['threads']:3d} core(s): "
+                     + "   ".join(_fold_cell(row, name) for name in ("all_at_once", "one_client_at_a_time"))
+                     + ("" if row["same_bits"] else "   DIFFERENT BITS"))
+    return lines
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def _fold_cell(row: dict, name: str) -> str:
+    way, label = row[name], name.replace("_", " ")
+    if way["seconds"] is None:
+        return f"{label}: every repeat disturbed"
+    ratio = "" if way["ratio_to_first"] is None else f"x{way['ratio_to_first']:.2f}; "  # none: the first disturbed
+    return f"{label} {way['seconds']:.3f} s ({ratio}{len(way['repeats'])} kept, {way['dropped']} disturbed)"
+
+
+def many_clients_table(rows: list[dict], client_ranks: int, options: dict) -> list[str]:
+    """The many-clients table; adds each row's rank-0 peak over its method's smallest fraction's."""
+    smallest = {}
+    for row in rows:
+        smallest.setdefault(row["algo"], row["peak_rss_bytes"][0])
+        row["rank0_peak_over_smallest_fraction"] = row["peak_rss_bytes"][0] / smallest[row["algo"]]
+    return [(f"{options['model_name']} on {options['data']}, {options['clients_per_domain']} clients per domain, "
+             f"batch {options['batch_size']}, {client_ranks} client ranks, {options['rounds']} rounds")] + [
+        f"  {row['algo']:<10} C = {row['fraction']:<5} K = {row['clients_per_round']:<5} s/round "
+        + ", ".join(f"{s:.1f}" for s in row["seconds_per_round"]) + "   peak GB per rank "
+        + " / ".join(f"{b / 1e9:.2f}" for b in row["peak_rss_bytes"])
+        + f"   rank 0 x{row['rank0_peak_over_smallest_fraction']:.2f} of its smallest C" for row in rows]
+
+
+# ---- the results file: checked before anything runs, written after the table is shown, never over another
+
+#: The folder the results go to without ``--json-out``: under ``runs/``, as run directories (ignored by git)
+RESULTS_FOLDER = Path("runs") / "bench"
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """Where the results go: ``path``, or the first free ``<stem>_1``, ``_2``, ... beside it if another process
+    took that name meanwhile; ``make_folder``: its folder (and those above) may be made when written."""
+
+    path: Path
+    make_folder: bool = False
+
+
+def stamp() -> str:
+    """The time in the results' file name, as in a run directory's."""
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def result_file(json_out: str | None, case: str, started: str) -> ResultFile:
+    """``--json-out`` checked by making the file and removing it again: a file that exists is refused (results are
+    never overwritten), as is one whose folder is missing or that cannot be made there; a folder (default
+    :data:`RESULTS_FOLDER`, made here) gets a new file ``<case>-<started>.json``, ``_1``, ``_2``, ... appended while
+    that exists (as :func:`mpifl.rundir.directory.default_run_dir` names run directories)."""
+    if json_out is None or os.path.isdir(json_out):
+        folder = RESULTS_FOLDER if json_out is None else Path(json_out)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MpiflError(f"cannot make the results folder {folder} ({exc.strerror}); pass --json-out a file or "
+                             "folder you can write") from None
+        target = ResultFile(folder / f"{case}-{started}.json", make_folder=True)
+    else:
+        path = Path(json_out)
+        if not json_out:
+            raise MpiflError("--json-out is empty; pass a new file's path, or a folder to make a new file in")
+        if os.path.lexists(path):
+            raise MpiflError(f"--json-out {path} exists; results are never overwritten: pass a new file name, or a "
+                             "folder to make a new file in")
+        folder = path if json_out.endswith(os.sep) else path.parent
+        if not folder.is_dir():
+            problem = ("is a file, not a folder;" if os.path.lexists(folder) else
+                       f"does not exist; make it (mkdir -p {folder}) or")
+            raise MpiflError(f"--json-out {json_out}: the folder {folder} {problem} pass a path in an existing folder")
+        target = ResultFile(path)
+    try:
+        probe = write_new(target, "")
+    except OSError as exc:
+        raise MpiflError(f"cannot write the results to {target.path} ({exc.strerror or exc}); pass --json-out a "
+                         "path you can write") from None
+    probe.unlink()
+    return ResultFile(probe, target.make_folder)
+
+
+def _free(path: Path) -> Path:
+    """``path``, or ``<stem>_1<suffix>``, ``_2``, ... while that exists."""
+    number, free = 0, path
+    while os.path.lexists(free):
+        number += 1
+        free = path.with_name(f"{path.stem}_{number}{path.suffix}")
+    return free
+
+
+def publish(lines: list[str], result: dict, target: ResultFile) -> None:
+    """The table on stdout, then the results into a new file: shown whatever happens to the write; a write that
+    fails (the disk full, the folder gone) prints the results' JSON on one line and says what failed."""
+    for line in lines:
+        click.echo(line)
+    text = json.dumps(result, indent=2) + "\n"
+    try:
+        written = write_new(target, text)
+    except OSError as exc:
+        click.echo(json.dumps(result))
+        raise MpiflError(f"results not written to {target.path} ({exc.strerror or exc}); the table and the JSON line "
+                         "above hold them: save that line, then free the disk or fix the folder") from None
+    taken = "" if written == target.path else f" ({target.path} was made by another process meanwhile)"
+    click.echo(f"results written to {written}{taken}")
+
+
+def write_new(target: ResultFile, text: str) -> Path:
+    """``text`` into a file made for it (``O_EXCL``: never another's), at ``target.path`` or the first free name
+    beside it; a partial file of a failed write is removed.  Returns where it went."""
+    if target.make_folder:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+    path = target.path
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            path = _free(target.path)  # taken since it was checked: the next free name beside it
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- the command line: every value checked before anything runs
+
+#: The options each case reads (beyond --case and --json-out); one given to a case that does not read it is refused
+CASE_OPTIONS = {
+    "cross-silo": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
+                   "device", "rounds", "repeats", "local_epochs", "batch_size", "lr", "threads", "algo",
+                   "eval_every", "mpirun", "fold_threads"),
+    "many-clients": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
+                     "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
+                     "private_memory", "mpirun"),
+    "fold": ("fold_threads", "fold_clients", "fold_mb", "repeats"),
+}
+
+
+def comma_list(option: str, text: str, item: Callable[[str], object], accepted: str, most: int | None = None) -> list:
+    """The items of a comma list option, each through ``item`` (a ValueError says why one is refused), repeats
+    dropped, at most ``most``; a bad item, or too many, is refused in one line naming it and what ``option``
+    accepts (``accepted``: "give ...")."""
+    values = []
+    for word in text.split(","):
+        try:
+            value = item(word.strip())
+        except ValueError as exc:
+            raise MpiflError(f"{option} {text}: {word.strip()!r} {exc}; {accepted}") from None
+        if value not in values:
+            values.append(value)
+    if most is not None and len(values) > most:
+        raise MpiflError(f"{option} {text}: {len(values)} values; {accepted}")
+    return values
+
+
+def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An item parser: a whole number from ``low`` to ``high`` (None: no bound)."""
+    def parse(word: str) -> int:
+        try:
+            value = int(word)
+        except ValueError:
+            raise ValueError("is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise ValueError("is out of range")
+        return value
+    return parse
+
+
+def share_of_clients(word: str) -> float:
+    """An item parser: a finite number in (0, 1]."""
+    try:
+        value = float(word)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not 0 < value <= 1:  # nan and inf too
+        raise ValueError("is not in (0, 1]")
+    return value
+
+
+def method_name(word: str) -> str:
+    """An item parser: a method's name."""
+    if word not in ALGORITHMS:
+        raise ValueError("is not a method")
+    return word
+
+
+def check_case_options(ctx: click.Context, case: str) -> None:
+    """Refuse options given on the command line that ``case`` does not read (they would change nothing)."""
+    unread = [param.opts[0] for param in ctx.command.params
+              if param.name not in (*CASE_OPTIONS[case], "case", "json_out")
+              and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE]
+    if unread:
+        reads = ", ".join(param.opts[0] for param in ctx.command.params if param.name in CASE_OPTIONS[case])
+        raise MpiflError(f"--case {case} does not read {', '.join(unread)}; drop {'it' if len(unread) == 1 else 'them'}"
+                         f" (it reads {reads} and --json-out)")
+
+
+def check_mpirun(mpirun: str | None) -> None:
+    """The launcher's command line parses and its program exists."""
+    try:
+        command = launcher_command(mpirun)
+    except ValueError as exc:
+        raise MpiflError(f"--mpirun {mpirun}: {exc}; quote it as a shell would") from None
+    if not command:
+        raise MpiflError("--mpirun is empty; pass the launcher, e.g. --mpirun /usr/bin/mpirun")
+    if shutil.which(command[0]) is None:
+        raise MpiflError(f"--mpirun {mpirun}: {command[0]} is not a program found here; pass the launcher's path"
+                         if mpirun else "no mpirun beside this Python or on PATH; install an MPI (pip install mpich) "
+                                        "or pass --mpirun")
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` only where a GPU is visible (the bare loop would fail on it after the checks)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise MpiflError("--device cuda was given but no CUDA GPU is visible here; use --device cpu (or auto), or run "
+                         "on a GPU node")
+
+
+def run_config(args: Sequence[str]) -> RunConfig:
+    """The configuration mpifl.run makes of ``args``, refused in one line as mpifl.run refuses it, without
+    starting it."""
+    command = cli.command()
+    try:
+        ctx = command.make_context("python -m mpifl.run", list(args))
+    except click.ClickException as exc:
+        raise MpiflError(f"mpifl.run refuses {' '.join(args)}: {exc.format_message()}") from None
+    values = dict(ctx.params)
+    for name in ("config_file", "show_manifest", "resume"):
+        values.pop(name)
+    return cli.build_config(ctx, None, values)[0]
+
+
+def checked_session(args: Sequence[str], client_ranks: int) -> Session:
+    """The session of mpifl.run's ``args`` (every check mpifl.run makes before it starts: options, data, model,
+    method), whose clients must give each of ``client_ranks`` one."""
+    cfg = run_config(args)
+    session = make_session(cfg, ensure_dataset(cfg.data_root, cfg.data), num_hosts=client_ranks)
+    if client_ranks > len(session.clients):
+        raise MpiflError(f"--client-ranks {client_ranks}: more client ranks than the {len(session.clients)} clients "
+                         f"of {cfg.data} with --clients-per-domain {cfg.clients_per_domain}; give fewer ranks or more "
+                         "clients")
+    return session
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (``MemAvailable``), None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[int]:
+    """The fold case's core counts (0: every core this process may run on), each at most those cores, checked
+    with its other options and the memory it needs: the uploads once, again for each count, and each count's
+    float64 sums."""
+    cores = len(os.sched_getaffinity(0))
+    text = fold_threads or ",".join(str(n) for n in sorted({1, min(2, cores), cores}))
+    counts = comma_list("--fold-threads", text, whole_number(0, cores), f"give a comma list of core counts from 1 to "
+                        f"{cores} (the cores this process may run on), 0 for all of them")
+    counts = list(dict.fromkeys(n or cores for n in counts))
+    if clients < 1:
+        raise MpiflError(f"--fold-clients must be >= 1, got {clients}")
+    if not (math.isfinite(megabytes * 1e6) and megabytes * 1e6 >= 4):
+        raise MpiflError(f"--fold-mb must be a finite number of at least 4e-06 (one float32), got {megabytes}")
+    upload = int(megabytes * 1e6) // 4 * 4
+    needed, available = (clients * (1 + len(counts)) + 2 * len(counts)) * upload, available_memory()
+    if available is not None and needed > available:
+        raise MpiflError(f"--case fold needs at least {needed / 1e9:.1f} GB of memory ({clients} uploads of "
+                         f"{megabytes:g} MB, a copy for each of {len(counts)} core counts, their sums), "
+                         f"{available / 1e9:.1f} GB are available; lower --fold-mb or --fold-clients")
+    return counts
+
+
+class OneLine(click.ClickException):
+    """A refusal as mpifl shows one: one line on stderr, exit code 2 (or the error's own)."""
+
+    def __init__(self, message: str, exit_code: int = MpiflError.exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"mpifl: error: {self.message}", err=True)
+
+
+class BenchCommand(click.Command):
+    """Click's usage errors and every :class:`MpiflError` as :class:`OneLine`."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            raise OneLine(f"{message}; see `python -m mpifl.bench --help`", exc.exit_code) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MpiflError as exc:
+            raise OneLine(str(exc), exc.exit_code) from None
+
+
+@click.command(cls=BenchCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold"]), default="cross-silo",
               show_default=True, help="cross-silo: the simulator's time against a bare loop; many-clients: time and "
                                       "memory with many clients; fold: rank 0's fold alone (see the module's "
@@ -337,13 +664,14 @@ def report_fold(result: dict, json_out: str) -> None:
               help="clients per domain (2: the 5 default domains split evenly over 2 ranks)")
 @click.option("--samples-per-client", default=0, show_default=True,
               help="training samples kept per client (0 = all); shortens heavy workloads")
-@click.option("--client-ranks", default="1,2", show_default=True,
-              help="comma list of client-rank counts to run mpifl with (1 is always run: the reference); "
-                   "1,2,4 on a GPU measures ranks sharing it")
+@click.option("--client-ranks", default=None,
+              help="cross-silo: comma list of client-rank counts to run mpifl with, each at most the clients (default "
+                   "1,2; 1 is always run: the reference); 1,2,4 on a GPU measures ranks sharing it; many-clients: "
+                   "one count (default 2)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="where both the bare loop (cuda:0) and the client ranks train")
-@click.option("--rounds", default=4, show_default=True, help="rounds per run (the first is warm-up)")
-@click.option("--repeats", default=2, show_default=True, help="runs of each way, in turn")
+@click.option("--rounds", default=4, show_default=True, help="rounds per run, at least 2 (the first is warm-up)")
+@click.option("--repeats", default=2, show_default=True, help="cross-silo and fold: runs of each way, in turn")
 @click.option("--local-epochs", default=1, show_default=True)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--lr", default=0.01, show_default=True)
@@ -357,51 +685,81 @@ def report_fold(result: dict, json_out: str) -> None:
 @click.option("--algos", default="fedwon,scaffold,singleset", show_default=True,
               help="many-clients: comma list of methods")
 @click.option("--fractions", default="0.01,0.1", show_default=True,
-              help="many-clients: comma list of fractions of clients per round")
+              help="many-clients: comma list of fractions of clients per round, each in (0, 1]")
 @click.option("--private-memory", default=8.0, show_default=True, help="many-clients: mpifl.run's --private-memory")
 @click.option("--mpirun", default=None,
               help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--fold-threads", default=None,
-              help="fold: comma list of core counts to fold on, this process and helper processes (default 1,2,0; "
-                   "0 = every core this process may run on); cross-silo: mpifl.run's --fold-threads, rank 0's "
-                   "(default 0: automatic)")
+              help="fold: comma list of core counts to fold on, this process and helper processes, each at most the "
+                   "cores this process may run on (default 1,2,0; 0 = all of them); cross-silo: mpifl.run's "
+                   "--fold-threads, rank 0's, one count (default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
-@click.option("--json-out", default="bench.json", show_default=True, help="where to write the results")
-def main(case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
+@click.option("--json-out", default=None,
+              help="a new file for the results (one that exists is refused), or a folder to make a new "
+                   "<case>-<time>.json in (default: runs/bench under the working folder)")
+@click.pass_context
+def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
          fold_threads, fold_clients, fold_mb, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
-    memory with many clients (--case many-clients)."""
-    if rounds < 2 or repeats < 1:
-        raise click.BadParameter("need --rounds >= 2 (the first is warm-up) and --repeats >= 1")
+    memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  Every option is
+    checked before anything runs; the table is printed, then the results go into a new JSON file."""
+    check_case_options(ctx, case)
+    if rounds < 2:
+        raise MpiflError(f"--rounds must be >= 2 (the first round of every run is warm-up), got {rounds}")
+    if repeats < 1:
+        raise MpiflError(f"--repeats must be >= 1, got {repeats}")
+    started = stamp()
     if case == "fold":
-        cores = len(os.sched_getaffinity(0))
-        counts = list(dict.fromkeys(int(n) or cores for n in (fold_threads or "1,2,0").split(",")))
-        report_fold(fold_seconds(fold_clients, fold_mb, counts, repeats), json_out)
+        counts = fold_plan(fold_threads, fold_clients, fold_mb)
+        target = result_file(json_out, case, started)
+        result = fold_seconds(fold_clients, fold_mb, counts, repeats)
+        publish(fold_table(result), {"machine": {"platform": platform.platform(),
+                                                 "cores": len(os.sched_getaffinity(0))}, **result}, target)
         return
-    ranks = sorted({1, *(int(k) for k in client_ranks.split(","))})
+    if eval_every < 0:
+        raise MpiflError(f"--eval-every must be >= 0 (0: after the last round only), got {eval_every}")
+    check_mpirun(mpirun)
+    check_device(device)
     data_root = str(data_root or default_data_root())
     if case == "many-clients":
-        run_options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
-                           batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
-                           samples_per_client=samples_per_client, device="cpu" if device == "auto" else device,
-                           mpirun=mpirun)
+        ranks = comma_list("--client-ranks", client_ranks or "2", whole_number(1),
+                           "--case many-clients runs with one count of client ranks: give one, >= 1", most=1)
+        methods = comma_list("--algos", algos, method_name, f"give a comma list of methods: {', '.join(ALGORITHMS)}")
+        shares = sorted(comma_list("--fractions", fractions, share_of_clients,
+                                   "give a comma list of fractions of the clients, each in (0, 1]"))
+        options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
+                       batch_size=batch_size, lr=lr, threads=threads or 1, clients_per_domain=clients_per_domain,
+                       samples_per_client=samples_per_client, device="cpu" if device == "auto" else device)
+        for name in methods:
+            for share in shares:
+                checked_session(run_arguments(**options, extra=many_clients_options(name, share, private_memory)),
+                                ranks[0])
+        target = result_file(json_out, case, started)
         with tempfile.TemporaryDirectory() as tmp:
-            rows = many_clients(algos.split(","), sorted(float(f) for f in fractions.split(",")), ranks[-1],
-                                run_options, private_memory, Path(tmp))
-        report_many_clients(rows, ranks[-1], run_options, json_out)
+            rows = many_clients(methods, shares, ranks[0], {**options, "mpirun": mpirun}, private_memory, Path(tmp))
+        publish(many_clients_table(rows, ranks[0], options), {
+            "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
+                        "torch": torch.__version__},
+            "workload": {**options, "mpirun": mpirun, "client_ranks": ranks[0]}, "runs": rows}, target)
         return
-    if not (fold_threads or "0").isdigit():
-        raise click.BadParameter("cross-silo takes one --fold-threads count")
-    run_options = ("--algo", algo, "--fold-threads", fold_threads or "0")
+    ranks = sorted({1, *comma_list("--client-ranks", client_ranks or "1,2", whole_number(1),
+                                   "give a comma list of client-rank counts, each >= 1")})
+    folds = comma_list("--fold-threads", fold_threads or "0", whole_number(0),
+                       "--case cross-silo passes mpifl.run one count: give one, >= 0 (0: automatic)", most=1)
+    extra = ("--algo", algo, "--fold-threads", str(folds[0]))
+    session = checked_session(run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
+                                            clients_per_domain, samples_per_client, device, eval_every, extra),
+                              ranks[-1])
+    target = result_file(json_out, case, started)
+    model_name = session.cfg.model  # "auto" resolved
     cores = len(os.sched_getaffinity(0))
     on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     workload = (data, model_name, rounds, local_epochs, batch_size, lr)
     session_args = (data_root, data, model_name, clients_per_domain, samples_per_client, algo)
-    session = bench_session(*session_args)
     sizes = [c.num_train for c in session.clients]
     bare, sims, in_process, placed = [], {k: [] for k in ranks}, [], {k: [] for k in ranks[1:]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -414,11 +772,10 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                                                                   eval_every))[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
-                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, run_options,
-                                            mpirun)[1:]
+                                            device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, extra, mpirun)[1:]
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
                                            samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
-                                           run_options)[1:]
+                                           extra)[1:]
     images = sum(sizes) * local_epochs
     bare_s = statistics.median(s for s, _ in bare)
     one_fold = statistics.median(fold for _, fold in bare)  # every client's fold on one core
@@ -465,12 +822,11 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                                for k, v in sims.items()},
                             "in_process": wire_bytes(session, in_process[-1]["bytes"], 1, last_evaluated)},
     }
-    Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
-               f"epoch(s), batch {batch_size}; {bare_device}, {cores} cores, threads per process: "
-               f"{threads or 'auto'}; median of {len(bare)} rounds each")
-    click.echo(f"  bare PyTorch loop      {bare_s:8.3f} s/round  {images / bare_s:8.0f} images/s   "
-               f"(its fold of all clients on one core: {one_fold:.3f} s)")
+    lines = [(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
+              f"epoch(s), batch {batch_size}; {bare_device}, {cores} cores, threads per process: "
+              f"{threads or 'auto'}; median of {len(bare)} rounds each")]
+    lines.append(f"  bare PyTorch loop      {bare_s:8.3f} s/round  {images / bare_s:8.0f} images/s   "
+                 f"(its fold of all clients on one core: {one_fold:.3f} s)")
     for k in ranks:
         line = (f"  mpifl, {k} client rank{'s' if k > 1 else ' '} {sim_s[k]:8.3f} s/round  "
                 f"{images / sim_s[k]:8.0f} images/s")
@@ -481,41 +837,21 @@ def main(case, data, data_root, model_name, clients_per_domain, samples_per_clie
                      f"efficiency {scaling[k]['efficiency']:.1%}); {to_bound[k]:5.3f}x the placed bare loops "
                      f"({bound_s[k]:.3f} s), {sim_s[k] / with_fold[k]:5.3f}x their training plus one fold of all "
                      f"clients on one core ({with_fold[k]:.3f} s)")
-        click.echo(line)
-    click.echo(f"  mpifl, in one process  {one_process:8.3f} s/round  {images / one_process:8.0f} images/s   "
-               f"ratio to bare {one_process / bare_s:5.3f}")
+        lines.append(line)
+    lines.append(f"  mpifl, in one process  {one_process:8.3f} s/round  {images / one_process:8.0f} images/s   "
+                 f"ratio to bare {one_process / bare_s:5.3f}")
     for k, v in split.items():
-        click.echo(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
+        lines.append(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
     if on_gpu:
         for k in ranks:
             peaks = result["peak_gpu_bytes_per_client_rank"][f"{k}_ranks"]
-            click.echo(f"  {k} client rank(s) on the GPU: {images / sim_s[k] / k:8.0f} images/s per rank, peak GPU "
-                       f"memory per rank (allocator) " + " / ".join(f"{b / 2**30:.2f}" for b in peaks) + " GiB")
+            lines.append(f"  {k} client rank(s) on the GPU: {images / sim_s[k] / k:8.0f} images/s per rank, peak GPU "
+                         f"memory per rank (allocator) " + " / ".join(f"{b / 2**30:.2f}" for b in peaks) + " GiB")
     for k, v in result["bytes_per_round"].items():
-        click.echo(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
-                   f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata and padding "
-                   f"({'as expected' if v['matches_manifest'] else 'MISMATCH'})")
-    click.echo(f"results written to {json_out}")
-
-
-def report_many_clients(rows: list[dict], client_ranks: int, run_options: dict, json_out: str) -> None:
-    """The many-clients table on stdout and in ``json_out``."""
-    smallest = {}
-    for row in rows:
-        smallest.setdefault(row["algo"], row["peak_rss_bytes"][0])
-        row["rank0_peak_over_smallest_fraction"] = row["peak_rss_bytes"][0] / smallest[row["algo"]]
-    Path(json_out).write_text(json.dumps({
-        "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__},
-        "workload": {**run_options, "client_ranks": client_ranks}, "runs": rows}, indent=2) + "\n")
-    click.echo(f"{run_options['model_name']} on {run_options['data']}, {run_options['clients_per_domain']} clients per "
-               f"domain, batch {run_options['batch_size']}, {client_ranks} client ranks, "
-               f"{run_options['rounds']} rounds")
-    for row in rows:
-        click.echo(f"  {row['algo']:<10} C = {row['fraction']:<5} K = {row['clients_per_round']:<5} s/round "
-                   + ", ".join(f"{s:.1f}" for s in row["seconds_per_round"]) + "   peak GB per rank "
-                   + " / ".join(f"{b / 1e9:.2f}" for b in row["peak_rss_bytes"])
-                   + f"   rank 0 x{row['rank0_peak_over_smallest_fraction']:.2f} of its smallest C")
-    click.echo(f"results written to {json_out}")
+        lines.append(f"  bytes up with {k.replace('_', ' ')}: {v['wire_up']:,} on the wire = manifest "
+                     f"{v['manifest_up']:,} + {v['wire_up'] - v['manifest_up']:,} of metadata and padding "
+                     f"({'as expected' if v['matches_manifest'] else 'MISMATCH'})")
+    publish(lines, result, target)
 
 
 if __name__ == "__main__":
