@@ -13,7 +13,9 @@ message, whose header asks every client rank to save first; the gather that
 answers the message proves every ``rank-K.zip`` is on disk, and only then is
 ``meta.json`` replaced (temp file + rename) and older rounds deleted.  So the
 checkpoint that ``meta.json`` names is always complete, whatever fails when.  Every file is written to a
-temporary name, flushed to disk and renamed; its size and sha256, computed while writing, are recorded in
+temporary name, flushed to disk and renamed, into the run directory as the run opened it (:mod:`.files`: a
+failed write, a full disk say, leaves no temporary file and ends the run in one line, the last checkpoint kept);
+its size and sha256, computed while writing, are recorded in
 ``meta.json`` (a client rank's come back to the server in the gather), and :func:`verify` checks them all
 before a resumed run touches anything, so a file cut short or changed is named instead of half-loaded.
 
@@ -30,15 +32,13 @@ which waits for the evaluation riding on round R+1's message, is saved in
 
 from __future__ import annotations
 
-import hashlib
-import json
+import fnmatch
 import io
-import os
-import shutil
+import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -46,17 +46,10 @@ from ..algorithms import ServerState
 from ..data.manifest import build_difference, sha256_file
 from ..errors import MpiflError
 from ..plan.config import RESUMABLE, RunConfig
-from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE, TMP
+from .files import FileRecord, Folder
+from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE
 
 FORMAT = 4  # 2: every file's size and sha256; 3: one member per client; 4: identity = every option but RESUMABLE
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """What a checkpoint file must be: its size and sha256."""
-
-    nbytes: int
-    sha256: str
 
 
 @dataclass
@@ -92,32 +85,13 @@ def _member(cid: int) -> str:
     return CLIENT_MEMBER.format(client=cid)
 
 
-class _Hashing:
-    """A file being written, hashed on the way (what ``torch.save`` writes is what is recorded)."""
-
-    def __init__(self, file):
-        self.file, self.digest, self.nbytes = file, hashlib.sha256(), 0
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.nbytes += len(data)
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
+def _folder(run_dir: Folder | Path) -> Folder:
+    """The run directory to write into: held by the caller (a :class:`~.files.Folder`), or opened now."""
+    return run_dir if isinstance(run_dir, Folder) else Folder(run_dir)
 
 
-def _atomic_write(path: Path, write: Callable[[_Hashing], None]) -> FileRecord:
-    """``write(file)`` to a temporary name, flushed to disk, then renamed onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + TMP)
-    with tmp.open("wb") as f:
-        hashing = _Hashing(f)
-        write(hashing)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return FileRecord(hashing.nbytes, hashing.digest.hexdigest())
+def _round_file(round_index: int, name: str) -> str:
+    return f"{CHECKPOINT}/{ROUND_DIR.format(round=round_index)}/{name}"
 
 
 def _saved(obj) -> bytes:
@@ -126,13 +100,13 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
-def save_server(run_dir: Path, round_index: int, state: ServerState) -> FileRecord:
-    return _atomic_write(round_dir(run_dir, round_index) / SERVER_FILE,
-                         lambda f: torch.save({"model": state.model, "extra": state.extra}, f))
+def save_server(run_dir: Folder | Path, round_index: int, state: ServerState) -> FileRecord:
+    return _folder(run_dir).write(_round_file(round_index, SERVER_FILE),
+                                  lambda f: torch.save({"model": state.model, "extra": state.extra}, f))
 
 
-def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tuple[int, dict[str, torch.Tensor]]],
-                 adopted: dict) -> FileRecord:
+def save_clients(run_dir: Folder | Path, round_index: int, rank: int,
+                 states: Iterable[tuple[int, dict[str, torch.Tensor]]], adopted: dict) -> FileRecord:
     """One client rank's file: an uncompressed zip of one ``torch.save`` per (client id, private tensors) of
     ``states``, written as they come (one state in memory at a time), and the adopted entries
     (:meth:`PrivateStore.adopted_record`)."""
@@ -142,21 +116,16 @@ def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tu
             for cid, private in states:
                 archive.writestr(_member(cid), _saved({k: v.detach().cpu() for k, v in private.items()}))
 
-    return _atomic_write(round_dir(run_dir, round_index) / rank_file(rank), write)
+    return _folder(run_dir).write(_round_file(round_index, rank_file(rank)), write)
 
 
-def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
+def commit(run_dir: Folder | Path, checkpoint: Checkpoint) -> None:
     """Make round ``checkpoint.round`` the checkpoint (every file of it is written), drop older rounds."""
-    base = Path(run_dir) / CHECKPOINT
-    tmp = base / (CHECKPOINT_META + TMP)
-    with tmp.open("w") as f:
-        f.write(json.dumps(checkpoint.to_json(), indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, base / CHECKPOINT_META)
-    for old in base.glob(ROUND_DIR.format(round="*")):
-        if old.name != ROUND_DIR.format(round=checkpoint.round):
-            shutil.rmtree(old, ignore_errors=True)
+    folder = _folder(run_dir)
+    folder.write_text(f"{CHECKPOINT}/{CHECKPOINT_META}", json.dumps(checkpoint.to_json(), indent=1) + "\n")
+    for old in folder.names(CHECKPOINT):
+        if fnmatch.fnmatchcase(old, ROUND_DIR.format(round="*")) and old != ROUND_DIR.format(round=checkpoint.round):
+            folder.remove_tree(f"{CHECKPOINT}/{old}")
 
 
 RESUME_ADVICE = "it cannot be resumed; start the run again with another --out (its metrics.jsonl stays as it is)"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import shutil
 import zipfile
 
@@ -377,3 +379,29 @@ def test_a_checkpoint_from_before_data_and_threads_were_recorded_still_loads(tmp
     meta.write_text(json.dumps(raw))
     old = load(tmp_path, _cfg(), 5, build)
     assert (old.round, old.data, old.threads) == (2, None, None)
+
+
+@pytest.mark.slow
+def test_a_disk_full_at_a_checkpoint_ends_the_run_in_one_line_keeping_the_last_one(data_root, tmp_path, monkeypatch):
+    """The file system fills while round 2's server.pt is written (reported at the flush, as on a network file
+    system): one line, exit 2, no temporary file; the checkpoint after round 1 resumes."""
+    run = tmp_path / "run"
+    fsync = os.fsync
+
+    def full_at_round_2(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("round-2/server.pt.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_round_2)
+    job = run_here(*_args(data_root, run, "--rounds", "3", "--ckpt-every", "1"))
+    assert job.returncode == 2
+    one_error(job, f"mpifl: error: cannot write {run}/checkpoint/round-2/server.pt: No space left on device; free "
+                   f"space on its file system (or copy {run} to a file system that can hold it, and resume the copy); "
+                   f"the checkpoint after round 1 is kept: continue with --resume {run}")
+    assert sorted(p.relative_to(run).as_posix() for p in (run / "checkpoint").rglob("*") if p.is_file()) == \
+        ["checkpoint/meta.json", "checkpoint/round-1/rank-1.zip", "checkpoint/round-1/server.pt"]
+    monkeypatch.setattr(os, "fsync", fsync)
+    job = run_here("--resume", str(run))
+    assert job.returncode == 0, job.stderr
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
