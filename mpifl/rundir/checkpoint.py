@@ -36,7 +36,7 @@ import fnmatch
 import io
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -45,6 +45,7 @@ import torch
 from ..algorithms import ServerState
 from ..data.manifest import build_difference, sha256_file
 from ..errors import MpiflError
+from ..models.pretrained import UnreadableWeights, load_weights_only
 from ..plan.config import RESUMABLE, RunConfig
 from .files import FileRecord, Folder
 from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE
@@ -65,6 +66,8 @@ class Checkpoint:
     # optional, so that a meta.json of format 4 written before them still loads (None: not recorded)
     data: dict | None = None  # the data build trained on (mpifl.data.manifest.build_of)
     threads: list[int] | None = None  # each client rank's torch threads
+    # not in meta.json: the server's state as verify read it (rank 0, before the run writes), until load_server
+    server: ServerState | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "round": self.round, "clients": self.clients,
@@ -211,7 +214,10 @@ def _parse(path: Path) -> Checkpoint:
 
 def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     """Every file of the checkpoint is there with the size and sha256 ``meta.json`` recorded; else one line
-    naming the first file that is not (sizes first: a file cut short is found without reading the rest)."""
+    naming the first file that is not (sizes first: a file cut short is found without reading the rest).  Then the
+    server's state is read (:func:`load_server` takes it), so that a server file that cannot be loaded (one that
+    holds objects whose loading could run code) is refused here, before a resumed run writes anything; the client
+    ranks read theirs while they set up."""
     folder = round_dir(run_dir, checkpoint.round)
     expected = [SERVER_FILE] + [rank_file(rank) for rank in sorted(checkpoint.ranks)]
     unrecorded = [name for name in expected if name not in checkpoint.files]
@@ -232,27 +238,39 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     for name in expected:
         if sha256_file(folder / name) != checkpoint.files[name].sha256:
             raise refuse(name, "differs from what was written (sha256)")
+    checkpoint.server = _read_server(run_dir, checkpoint)
 
 
 def _unreadable(path: Path, exc: Exception) -> MpiflError:
-    return UnusableCheckpoint(f"cannot load checkpoint file {path} ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0]})")
+    reason = str(exc) if isinstance(exc, UnreadableWeights) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return UnusableCheckpoint(f"cannot load checkpoint file {path} ({reason})")
 
 
 def _torch_load(path: Path, member: str | None = None):
-    """``path`` (or its zip ``member``) through ``torch.load(weights_only=True)``; one line if unreadable."""
+    """``path`` (or its zip ``member``) read weights-only (:func:`~mpifl.models.pretrained.load_weights_only`: no
+    code runs, torch's words stay out); one line if unreadable."""
     try:
         if member is None:
-            return torch.load(path, weights_only=True)
+            return load_weights_only(path)
         with zipfile.ZipFile(path) as archive:
-            return torch.load(io.BytesIO(archive.read(member)), weights_only=True)
+            return load_weights_only(io.BytesIO(archive.read(member)))
     except Exception as exc:  # whatever torch or zipfile raises for a file it cannot read
         raise _unreadable(path, exc) from None
 
 
-def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
-    raw = _torch_load(round_dir(run_dir, checkpoint.round) / SERVER_FILE)
+def _read_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
+    path = round_dir(run_dir, checkpoint.round) / SERVER_FILE
+    raw = _torch_load(path)
+    if not (isinstance(raw, dict) and {"model", "extra"} <= set(raw)):
+        raise UnusableCheckpoint(f"checkpoint file {path} holds no server state (model and extra)")
     return ServerState(model=raw["model"], extra=raw["extra"])
+
+
+def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
+    """The server's state at the checkpoint: the one :func:`verify` read (handed over, not kept twice), else read
+    now."""
+    state, checkpoint.server = checkpoint.server, None
+    return state if state is not None else _read_server(run_dir, checkpoint)
 
 
 def load_clients(run_dir: Path, checkpoint: Checkpoint,

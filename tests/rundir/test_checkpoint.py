@@ -405,3 +405,29 @@ def test_a_disk_full_at_a_checkpoint_ends_the_run_in_one_line_keeping_the_last_o
     job = run_here("--resume", str(run))
     assert job.returncode == 0, job.stderr
     assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (exec, ("open('RAN', 'w').write('code ran')",))
+
+
+@pytest.mark.slow
+def test_a_server_file_that_would_run_code_is_refused_unread_before_anything_is_written(checkpointed, tmp_path,
+                                                                                         monkeypatch):
+    """Its record in meta.json made to match, as someone who swapped it would: a check of the file's content, not
+    of its sha256, and before the resumed run writes its log or config.json."""
+    run = _copy(checkpointed, tmp_path)
+    server = run / "checkpoint" / "round-2" / "server.pt"
+    torch.save({"model": {}, "extra": {}, "x": _RunsCode()}, server)
+    meta = json.loads((run / "checkpoint" / "meta.json").read_text())
+    meta["files"]["server.pt"] = {"bytes": server.stat().st_size, "sha256": sha256_file(server)}
+    (run / "checkpoint" / "meta.json").write_text(json.dumps(meta))
+    before = snapshot(run)
+    monkeypatch.chdir(tmp_path)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, f"mpifl: error: cannot load checkpoint file {server} (it holds Python objects besides tensors, "
+                   "left unread: loading them could run code); it cannot be resumed")
+    assert "weights_only" not in job.stdout + job.stderr and "Warning" not in job.stderr
+    assert snapshot(run) == before and not (tmp_path / "RAN").exists()
