@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..algorithms import ServerState
-from ..dirlock import DirectoryLock
+from ..dirlock import LOCK_NAME, DirectoryLock
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 from . import checkpoint
@@ -89,7 +89,10 @@ class RunDir(Folder):
         the directory, for the message of a second run refused."""
         self.write_text(CONFIG, json.dumps(cfg.to_flat(), indent=2) + "\n")
         if self.lock is not None:
-            self.lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")
+            try:
+                self.lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")
+            except OSError as exc:
+                raise self.failed(LOCK_NAME, exc) from None
 
     def unmake(self) -> None:
         """Undo :meth:`create` for a run refused right after it (its ``config.json``, its claim, the empty

@@ -19,6 +19,7 @@ from mpifl.algorithms import ServerState
 from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
 from mpifl.rundir.checkpoint import Checkpoint, FileRecord, save_clients
+from mpifl.rundir.directory import claim
 from mpifl.rundir.rundir import RunDir
 
 from .test_directory import snapshot
@@ -209,3 +210,17 @@ def test_a_bugs_traceback_on_a_full_disk_goes_to_a_temporary_file_or_else_to_std
     assert capsys.readouterr().err == "Traceback (most recent call last): ..." and list(run.iterdir()) == []
     assert where.startswith(f"the lines above (cannot write {run}/traceback-rank0.txt: No space left on device")
     assert where.endswith(f"; nor could {tempfile.gettempdir()}: No space left on device)")
+
+
+def test_a_full_disk_while_the_claim_is_described_is_one_line_too(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    opened = RunDir(run, claim(run))
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(MpiflError, match=rf"^cannot write {run}/\.mpifl-lock: No space left on device; free space"):
+        opened.write_config(RunConfig())
+    opened.release()
