@@ -171,14 +171,17 @@ class RunDir(Folder):
                 return str(self.path / name)
             except MpiflError as exc:
                 why = str(exc)
+        name = None
         try:
-            with tempfile.NamedTemporaryFile("w", prefix=f"mpifl-traceback-rank{rank}-", suffix=".txt",
-                                             delete=False) as file:
+            descriptor, name = tempfile.mkstemp(prefix=f"mpifl-traceback-rank{rank}-", suffix=".txt")
+            with open(descriptor, "w") as file:
                 file.write(text)
         except OSError as exc:
+            if name is not None:
+                Path(name).unlink(missing_ok=True)
             sys.stderr.write(text)
             return f"the lines above ({why}; nor could {tempfile.gettempdir()}: {exc.strerror or exc})"
-        return f"{file.name}: {why}"
+        return f"{name}: {why}"
 
 
 def write_fold_table(folder: Path, table: str) -> None:

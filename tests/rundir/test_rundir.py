@@ -206,7 +206,9 @@ def test_a_bugs_traceback_on_a_full_disk_goes_to_a_temporary_file_or_else_to_std
     assert where.startswith(f"{path}: cannot write {run}/traceback-rank0.txt: No space left on device")
     path.unlink()
     _fill_up(monkeypatch, 10, Path(tempfile.gettempdir()))  # and the temporary folder is full too
+    before = set(Path(tempfile.gettempdir()).glob("mpifl-traceback-rank0-*"))
     where = opened.write_traceback(0, "Traceback (most recent call last): ...")
+    assert set(Path(tempfile.gettempdir()).glob("mpifl-traceback-rank0-*")) == before  # no part of it left
     assert capsys.readouterr().err == "Traceback (most recent call last): ..." and list(run.iterdir()) == []
     assert where.startswith(f"the lines above (cannot write {run}/traceback-rank0.txt: No space left on device")
     assert where.endswith(f"; nor could {tempfile.gettempdir()}: No space left on device)")
