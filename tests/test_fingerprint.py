@@ -104,7 +104,7 @@ def test_code_that_is_not_a_checkout_whose_numbers_it_would_give_is_refused_in_o
                                                                                         monkeypatch, make, said):
     code = make(tmp_path / "code")
     line = _refused(fingerprint, monkeypatch, tmp_path / "out", "fedbn", "--code", code)
-    assert line.startswith(f"fingerprint: ") and said.format(code=code) in line and "\n" not in line, line
+    assert line.startswith("fingerprint: ") and said.format(code=code) in line and "\n" not in line, line
     assert not (tmp_path / "out").exists()
 
 

@@ -1,7 +1,8 @@
 """``python -m mpifl.data``: prepare, describe and verify datasets.
 
-* ``prepare NAME [--src DIR] [--data-root ROOT] [--size PX]`` builds ``ROOT/NAME``
-  (``--severity 1..5`` too for ``cifar10c``);
+* ``prepare NAME [--src DIR] [--data-root ROOT] [--size PX] [--replace]`` builds ``ROOT/NAME``
+  (``--severity 1..5`` too for ``cifar10c``); a build of other images already there is replaced only with
+  ``--replace`` (:mod:`mpifl.data.staging`);
 * ``info NAME [--data-root ROOT]`` prints what a dataset holds;
 * ``verify NAME [--data-root ROOT]`` re-checks every shard (sha256 included),
   printing ``ok`` or the problems (exit code 1).
@@ -28,8 +29,9 @@ from mpifl.data.generated import generate_styledigits
 from mpifl.data.shapes import generate_styleshapes
 from mpifl.data.isic import prepare_isic2019
 from mpifl.data.prostate import prepare_prostate
-from mpifl.data.manifest import DatasetManifest, verify
+from mpifl.data.manifest import GENERATED, DatasetManifest, verify
 from mpifl.data.registry import KNOWN_DATASETS, default_data_root, ensure_dataset
+from mpifl.data.staging import REPLACING, check_replacing
 
 
 def _prepare_styledigits(src: Path | None, out: Path, size: int | None) -> DatasetManifest:
@@ -137,7 +139,10 @@ def cli():
               help="image side in pixels [default: the converter's]")
 @click.option("--severity", type=click.IntRange(1, 5), default=None,
               help="cifar10c only: corruption severity 1..5 [default: 5]")
-def prepare(name, src, data_root, size, severity):
+@click.option("--replace", is_flag=True,
+              help="replace a build of NAME under the data root that differs from this one (other images): runs "
+                   "checkpointed on it can then no longer resume [default: refuse]")
+def prepare(name, src, data_root, size, severity, replace):
     """Build dataset NAME under the data root."""
     out = _root(data_root)
     if name not in PREPARERS:
@@ -150,7 +155,13 @@ def prepare(name, src, data_root, size, severity):
         if option not in EXTRA_OPTIONS.get(name, ()):
             users = [n for n, options in EXTRA_OPTIONS.items() if option in options]
             raise MpiflError(f"--{option} does not apply to {name} (only to {', '.join(users)}); drop it")
-    manifest = PREPARERS[name](src, out, size, **extra)
+    token = REPLACING.set(replace)
+    try:
+        if name not in GENERATED:
+            check_replacing(out / name, size)
+        manifest = PREPARERS[name](src, out, size, **extra)
+    finally:
+        REPLACING.reset(token)
     images = sum(sum(sizes.values()) for sizes in manifest.splits.values())
     click.echo(f"{name}: ready at {out / name} ({len(manifest.domains)} domains, {images} images)")
 

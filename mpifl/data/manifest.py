@@ -3,10 +3,13 @@
 A dataset lives in ``<root>/<name>/``: one shard per domain (``<domain>.h5``,
 see :mod:`mpifl.data.shard`) and a ``manifest.json`` that lists the domains,
 classes, image size, split sizes, default normalization, protocol defaults
-and, per shard, its file name, size and sha256.  :func:`build_manifest` writes
+and, per shard, its file name, size, sha256 and ``content`` (the content checksum the shard carries,
+:func:`~mpifl.data.shard.content_digest`).  :func:`build_manifest` writes
 it from the shards; :func:`open_shard` opens a shard after cheap agreement
-checks (sizes, classes, file length); :func:`verify` does the full check
-including checksums.
+checks (sizes, classes, file length, and that it is the shard the manifest was written with: its content
+checksum, an attribute read, against the manifest's); :func:`verify` does the full check
+including checksums.  A dataset prepared before shards carried a content checksum (its manifest records
+none) is checked by its files' sha256 instead, each file read in full once per process that opens it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class DatasetManifest:
     channels: int
     splits: dict[str, dict[str, int]]  # domain -> {"train": n, "val": n, "test": n}
     normalize: dict[str, list[float]]  # {"mean": [...], "std": [...]}, one value per channel
-    shards: dict[str, dict]  # domain -> {"file": "<domain>.h5", "sha256": hex, "bytes": n}
+    shards: dict[str, dict]  # domain -> {"file": "<domain>.h5", "sha256": hex, "bytes": n, "content": hex}
     source: str
     protocol: dict = field(default_factory=dict)  # protocol defaults, e.g. clients_per_domain
     format_version: int = FORMAT_VERSION
@@ -159,9 +162,10 @@ def _schema_problem(data, name: str) -> str | None:
         if not (isinstance(sizes, dict) and set(sizes) == set(SPLITS)
                 and all(_is_int(n) and n >= 0 for n in sizes.values())):
             return f"splits of domain {domain} must give train, val and test sizes"
-        if not (isinstance(shard, dict) and set(shard) == {"file", "sha256", "bytes"}
-                and isinstance(shard["sha256"], str) and _is_int(shard["bytes"])):
-            return f"shards entry of domain {domain} must give file, sha256 and bytes"
+        if not (isinstance(shard, dict) and set(shard) - {"content"} == {"file", "sha256", "bytes"}
+                and isinstance(shard["sha256"], str) and _is_int(shard["bytes"])
+                and isinstance(shard.get("content", ""), str)):
+            return f"shards entry of domain {domain} must give file, sha256, bytes and content"
         if shard["file"] != f"{domain}.h5":
             return f"shards entry of domain {domain} must name the file {domain}.h5, not {shard['file']!r}"
     if set(data["splits"]) != set(domains) or set(data["shards"]) != set(domains):
@@ -235,7 +239,10 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
                                  f"classes, image size, channels or task; {fix}")
             splits[domain] = dict(shard.sizes)
             stats.append((shard.sizes["train"], shard.mean, shard.std))
+            content = shard.content
         shards[domain] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+        if content is not None:  # every shard this mpifl writes has one
+            shards[domain]["content"] = content
     if normalize is None:
         if not any(n for n, _, _ in stats):
             raise MpiflError(f"no train images in {directory} to compute normalization from; "
@@ -252,19 +259,25 @@ def build_manifest(root, name: str, source: str, protocol: dict, normalize: dict
 
 
 def build_of(manifest: DatasetManifest) -> dict:
-    """What tells one build of a dataset from another (a checkpoint records it): its image size and each shard's
-    sha256, as ``prepare`` wrote them into the manifest."""
-    return {"image_size": list(manifest.image_size),
-            "shards": {domain: manifest.shards[domain]["sha256"] for domain in manifest.domains}}
+    """What tells one build of a dataset from another (a checkpoint records it): its image size, each shard's
+    sha256 and, where the manifest records them, each shard's content checksum, as ``prepare`` wrote them."""
+    build = {"image_size": list(manifest.image_size),
+             "shards": {domain: manifest.shards[domain]["sha256"] for domain in manifest.domains}}
+    if all("content" in manifest.shards[domain] for domain in manifest.domains):
+        build["content"] = {domain: manifest.shards[domain]["content"] for domain in manifest.domains}
+    return build
 
 
 def build_difference(before: dict, now: dict) -> str | None:
-    """How build ``now`` differs from ``before`` (:func:`build_of`), in a few words; None when it is the same."""
+    """How build ``now`` differs from ``before`` (:func:`build_of`), in a few words; None when it is the same.
+    The shards' content checksums decide where both record them (the same images written again by another
+    mpifl are the same build), else their files' sha256."""
     if before["image_size"] != now["image_size"]:
         return "images {}x{}, now {}x{}".format(*before["image_size"], *now["image_size"])
-    domains = set(before["shards"]) | set(now["shards"])
-    changed = sorted(d for d in domains if before["shards"].get(d) != now["shards"].get(d))
-    return f"other shards of {', '.join(changed)} (sha256)" if changed else None
+    key, what = ("content", "content sha256") if "content" in before and "content" in now else ("shards", "sha256")
+    domains = set(before[key]) | set(now[key])
+    changed = sorted(d for d in domains if before[key].get(d) != now[key].get(d))
+    return f"other shards of {', '.join(changed)} ({what})" if changed else None
 
 
 def _disagreement(manifest: DatasetManifest, domain: str, shard: Shard) -> str | None:
@@ -284,25 +297,53 @@ def _disagreement(manifest: DatasetManifest, domain: str, shard: Shard) -> str |
 
 
 def open_shard(root, manifest: DatasetManifest, domain: str) -> Shard:
-    """Open ``domain``'s shard after checking it agrees with ``manifest``.
+    """Open ``domain``'s shard after checking it agrees with ``manifest`` and is the shard the manifest was
+    written with.
 
-    Cheap checks only (file length, its own dataset and domain name, split sizes, classes, image shape); the
-    sha256 is left to :func:`verify`.
+    Cheap checks only (file length, its own dataset and domain name, split sizes, classes, image shape, and its
+    content checksum, one attribute, against the manifest's); the file's sha256 is left to :func:`verify`, but for
+    a manifest that records no content checksum (prepared by an older mpifl): then the file is read in full, once
+    per process.
     """
     path = manifest.shard_path(root, domain)
     fix = remedy(root, manifest.name)
     if not path.is_file():
         raise MpiflError(f"shard missing: {path}; {fix}")
+    entry = manifest.shards[domain]
     size = path.stat().st_size
-    if size != manifest.shards[domain]["bytes"]:
+    if size != entry["bytes"]:
         raise MpiflError(f"shard {path} has {size} bytes but the manifest says "
-                         f"{manifest.shards[domain]['bytes']}; it was changed after prepare; {fix}")
+                         f"{entry['bytes']}; it was changed after prepare; {fix}")
     shard = Shard(path, fix)
-    problem = _disagreement(manifest, domain, shard)
+    problem = _disagreement(manifest, domain, shard) or _another_build(path, entry, shard)
     if problem:
         shard.close()
         raise MpiflError(f"shard {path} (domain {domain}): {problem}; {fix}")
     return shard
+
+
+def _another_build(path: Path, entry: dict, shard: Shard) -> str | None:
+    """Why ``shard`` is not the file the manifest ``entry`` was written with, or None."""
+    if "content" in entry:
+        if shard.content == entry["content"]:
+            return None
+        found = f"content sha256 {shard.content[:12]}..." if shard.content else "no content checksum"
+        return (f"it is not the shard this manifest was prepared with ({found}, the manifest's "
+                f"{entry['content'][:12]}...): another build's file copied over it")
+    if _file_sha256(path) != entry["sha256"]:
+        return "its sha256 differs from the manifest's: another build's file copied over it, or changed after prepare"
+    return None
+
+
+_HASHED: dict[tuple, str] = {}  # (path, device, inode, size, mtime) -> sha256: each file read once per process
+
+
+def _file_sha256(path: Path) -> str:
+    status = path.stat()
+    key = (str(path), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return _HASHED[key]
 
 
 def verify(root, name: str) -> list[str]:

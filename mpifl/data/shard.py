@@ -15,7 +15,8 @@ classification one), ``classes`` (a JSON list of class names; of a
 segmentation shard, the mask values' names, background first), ``source`` (where the data came from),
 ``image_size`` ([H, W]), ``channels``, ``mean`` and ``std`` (per-channel
 statistics of the train images over all pixels, in [0, 1] units; NaN when the
-train split is empty) and ``created_by``.
+train split is empty), ``created_by`` and ``content_sha256`` (:func:`content_digest` of what the shard holds,
+computed while it is written; a shard written before it existed has none).
 
 :class:`ShardWriter` streams a shard into a temporary file and moves it into
 place only when complete, so a reader never sees a half-written shard.
@@ -24,6 +25,7 @@ place only when complete, so a reader never sees a half-written shard.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -44,6 +46,20 @@ _STATS_BLOCK = 1 << 18  # pixels per float64 block when accumulating train stati
 TASKS = ("classification", "segmentation")
 _ATTRS = ("format_version", "dataset", "domain", "classes", "source",
           "image_size", "channels", "mean", "std", "created_by")
+CONTENT = "content_sha256"  # the attribute that holds content_digest(...)
+
+
+def content_digest(identity: dict, splits: dict[str, tuple[int, str, str]]) -> str:
+    """The sha256 that tells one shard's content from another's, whatever file holds it: of ``identity`` (dataset,
+    domain, task, classes, image size, channels) as sorted JSON, then per split, in :data:`SPLITS` order, its
+    image count and the sha256 of its images (uint8, row-major) and of its labels (int64 little-endian; masks
+    uint8), as ``splits`` gives them: ``{split: (n, images_sha256, labels_sha256)}``.  The source and the
+    writing mpifl's version are left out: two builds of the same images from the same folder agree."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+    for split in SPLITS:
+        n, images, labels = splits[split]
+        digest.update(f"\n{split} {n} {images} {labels}".encode())
+    return digest.hexdigest()
 
 
 def default_fix(path: Path) -> str:
@@ -96,6 +112,9 @@ class ShardWriter:
                        "domain": str(domain), "classes": json.dumps(self.classes),
                        "source": str(source), "image_size": np.array([h, w], np.int64),
                        "channels": int(channels), "created_by": f"mpifl {__version__}", "task": task}
+        self._identity = {"dataset": str(dataset), "domain": str(domain), "task": task, "classes": self.classes,
+                          "image_size": [h, w], "channels": int(channels)}
+        self._hashes = {split: (hashlib.sha256(), hashlib.sha256()) for split in SPLITS}  # images, labels
         self._sum = np.zeros(self.shape[2], np.float64)
         self._sumsq = np.zeros(self.shape[2], np.float64)
         self._pixels = 0
@@ -140,8 +159,11 @@ class ShardWriter:
         n0 = img_ds.shape[0]
         img_ds.resize(n0 + len(images), axis=0)
         lab_ds.resize(n0 + len(images), axis=0)
+        labels = labels if self.task == "segmentation" else labels.astype("<i8")
         img_ds[n0:] = images
-        lab_ds[n0:] = labels if self.task == "segmentation" else labels.astype(np.int64)
+        lab_ds[n0:] = labels
+        self._hashes[split][0].update(np.ascontiguousarray(images))
+        self._hashes[split][1].update(np.ascontiguousarray(labels))
         if split == "train":
             self._accumulate(images)
 
@@ -189,6 +211,9 @@ class ShardWriter:
                 mean = self._sum / self._pixels / 255.0
                 var = self._sumsq / self._pixels / 255.0 ** 2 - mean ** 2
             self._file.attrs.update(self._attrs)
+            self._file.attrs[CONTENT] = content_digest(self._identity, {
+                split: (self._file[split]["images"].shape[0], *(h.hexdigest() for h in self._hashes[split]))
+                for split in SPLITS})
             self._file.attrs["mean"] = mean
             self._file.attrs["std"] = np.sqrt(np.maximum(var, 0.0))
             self._file.close()
@@ -296,6 +321,12 @@ class Shard:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def content(self) -> str | None:
+        """The :func:`content_digest` recorded when the shard was written (None: written before it existed)."""
+        value = self._file.attrs.get(CONTENT)
+        return str(value) if value is not None else None
 
     def labels(self, split: str) -> np.ndarray:
         """All labels of ``split`` (int64; masks uint8 N x H x W), checked to lie in 0..num_classes-1."""

@@ -11,22 +11,30 @@ process holds it: a converter holds its staging directory's lock
 (:mod:`mpifl.dirlock`) from the moment it makes it, and the kernel drops the
 lock when the process dies; one without a lock file (killed before it took
 it, or made by an older mpifl) is stale once a minute old.
+
+A build of the dataset already at ``<out>/<name>`` is replaced only by the same build (the same shards' content,
+:func:`~mpifl.data.manifest.build_difference`), or under ``prepare --replace`` (:data:`REPLACING`): runs
+checkpointed on a build resume only on it.  ``prepare`` refuses a request that must differ (another
+``--size``) before converting, :func:`check_replacing`; the converted build is compared before it is installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from mpifl.data.manifest import MANIFEST
+from mpifl.data.manifest import MANIFEST, DatasetManifest, build_difference, build_of
 from mpifl.dirlock import DirectoryLock, LocksUnsupported, remove_unheld, try_lock
 from mpifl.errors import MpiflError
 
 UNCLAIMED_STALE_SECONDS = 60  # a staging directory with no lock file is stale once this old
+#: Whether a converter may replace a build under ``--data-root`` that differs from the one it made (``--replace``).
+REPLACING = contextvars.ContextVar("replacing", default=False)
 
 
 def source_dir(name: str, src, holding: str) -> Path:
@@ -97,11 +105,43 @@ def discard_staging(tmp: Path, lock: DirectoryLock | None) -> None:
         lock.release()
 
 
+def check_replacing(final: Path, size: int | None) -> None:
+    """Refuse, before converting, to prepare ``final`` at ``size`` px when it holds a build of other images' size
+    (unless :data:`REPLACING`).  A size left to the converter, or another source, is compared once converted."""
+    existing = _existing_build(final)
+    if existing is not None and size is not None and list(existing.image_size) != [size, size]:
+        raise MpiflError(_replacing(final, existing, f"at {size}x{size} px"))
+
+
+def _existing_build(final: Path) -> DatasetManifest | None:
+    """The build at ``final`` that runs may be checkpointed on; None when there is none, or one that cannot be
+    read (no run can use it: a converter replaces it), or :data:`REPLACING`."""
+    if REPLACING.get() or not (final / MANIFEST).is_file():
+        return None
+    try:
+        return DatasetManifest.load(final.parent, final.name)
+    except MpiflError:
+        return None
+
+
+def _replacing(final: Path, existing: DatasetManifest, new: str) -> str:
+    origin = existing.source.rpartition("converted from ")[2]
+    return (f"{final} holds a build of {existing.name} ({existing.image_size[0]}x{existing.image_size[1]} px, from "
+            f"{origin}); this one ({new}) would replace it, and runs checkpointed on it could no longer resume; pass "
+            "another --data-root, or --replace to replace it")
+
+
 def _install(built: Path, final: Path) -> None:
-    """Move the finished dataset folder onto ``final``, replacing an earlier prepared copy."""
+    """Move the finished dataset folder onto ``final``, replacing an earlier prepared copy of the same build (or
+    any, :data:`REPLACING`)."""
     if not final.exists():
         os.rename(built, final)
         return
+    existing = _existing_build(final)
+    if existing is not None:
+        changed = build_difference(build_of(existing), build_of(DatasetManifest.load(built.parent, built.name)))
+        if changed:
+            raise MpiflError(_replacing(final, existing, changed))
     old = built.parent / f"old-{final.name}"
     os.rename(final, old)
     try:

@@ -223,9 +223,10 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
                                  "pass an --out on a shared file system")
 
         collectively(comm, lambda: opened, check_shared)
+        held = opened or RunDir(run_dir)  # a client rank's writes its checkpoint files into the directory it opened
         if host is not None:
-            host.run_dir = run_dir
-        _serve_or_host(cfg, comm, session, host, opened or RunDir(run_dir), resumed, stop, layout)
+            host.run_dir = held
+        _serve_or_host(cfg, comm, session, host, held, resumed, stop, layout)
         if comm.rank == 0 and resume and cfg.holdout:
             _refresh_fold_table(run_dir, cfg.holdout, session.manifest.domains)
     finally:
@@ -297,7 +298,7 @@ class PeerWatch:
         if comm.rank == 0:
             line = f"mpifl: error: lost {comm.describe(ranks)}: {silence}; {self._left()}"
             if self.run_dir is not None:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, MpiflError):
                     self.run_dir.log(line + "\n")
             _err(line)
             comm.end_job()

@@ -42,15 +42,17 @@ same shapes.  With ``conv="ws"``/``"wn"`` the raw conv weights load and are
 standardized in the forward pass, so features differ from the BN model's.
 
 User errors (:class:`~mpifl.errors.MpiflError`): an unreadable file, a file
-that is not a state dict of tensors, a checkpoint of which no entry fits the
-model, and a non-classifier entry whose shape differs (another architecture or
-``in_channels``).
+that is not a state dict of tensors (a pickle of other objects is refused unread: loading it could run code), a
+checkpoint of which no entry fits the model, a non-classifier entry whose shape differs (another architecture or
+``in_channels``), and an entry to load that holds a NaN or an infinity (the run would fail on its first loss).
+Torch's own warnings while reading the file (:func:`load_weights_only`) are not shown: the one line says it all.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -86,23 +88,42 @@ class PretrainedLoad:
         return line
 
 
+class UnreadableWeights(Exception):
+    """A file :func:`load_weights_only` cannot read; its message says why in a few words, for the caller's line."""
+
+
+def load_weights_only(source, map_location=None):
+    """``torch.load(source, weights_only=True)``: tensors and plain containers only, no code runs.  A file it cannot
+    read raises :class:`UnreadableWeights` with the reason in a few words, not torch's advice (to load it with
+    ``weights_only=False``, which would run its code); torch's warnings on the way (a pickle protocol it does not
+    expect) are held back."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(source, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # unpickling, zip and weights-only errors
+        raise UnreadableWeights(_reason(exc)) from None
+
+
 def _reason(exc: Exception) -> str:
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split())
     if "Weights only load failed" in text:
-        return "it holds Python objects besides tensors"
+        return "it holds Python objects besides tensors, left unread: loading them could run code"
     return f"{type(exc).__name__}: {text[:80]}" if text else type(exc).__name__
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict at ``path`` (unwrapped, ``module.`` stripped); MpiflError if unreadable."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = load_weights_only(path, map_location="cpu")
     except FileNotFoundError:
         raise MpiflError(f"--pretrained {path}: no such file; give the path of a saved state dict")
-    except Exception as exc:  # unpickling, zip and weights-only errors
+    except UnreadableWeights as exc:
         raise MpiflError(
             f"--pretrained {path}: cannot read it as a weights-only torch checkpoint "
-            f"({_reason(exc)}); "
+            f"({exc}); "
             f"save the weights with torch.save(model.state_dict(), PATH)"
         ) from None
     for key in _WRAPPERS:
@@ -157,7 +178,8 @@ def _classifier_prefix(model: nn.Module) -> str | None:
 
 def load_pretrained(model: nn.Module, path: str | os.PathLike) -> PretrainedLoad:
     """Load the checkpoint at ``path`` into ``model`` in place (module docstring)."""
-    state = renamed_keys(model, read_state_dict(path))
+    read = read_state_dict(path)
+    state = renamed_keys(model, read)
     own = model.state_dict()
     head = _classifier_prefix(model)
     fits, skipped, wrong = {}, [], []
@@ -183,6 +205,7 @@ def load_pretrained(model: nn.Module, path: str | os.PathLike) -> PretrainedLoad
             f"--pretrained {path}: none of its {len(state)} entries ({example}, ...) matches "
             f"this {name}; use a torchvision-format checkpoint of the same architecture"
         )
+    _check_finite(path, fits, {id(value): key for key, value in read.items()})
     model.load_state_dict(fits, strict=False)
     return PretrainedLoad(
         path=str(path),
@@ -191,3 +214,16 @@ def load_pretrained(model: nn.Module, path: str | os.PathLike) -> PretrainedLoad
         unused=tuple(k for k in state if k not in own),
         skipped_classifier=tuple(skipped),
     )
+
+
+def _check_finite(path, entries: Mapping[str, torch.Tensor], named: Mapping[int, str]) -> None:
+    """Refuse an entry to load that holds a NaN or an infinity, naming it as the file does (``named``: tensor id ->
+    the file's key)."""
+    for key, value in entries.items():
+        if value.is_floating_point() or value.is_complex():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise MpiflError(
+                    f"--pretrained {path}: entry {named.get(id(value), key)} holds {bad} of its {value.numel()} "
+                    f"values not finite (NaN or infinite); use a checkpoint whose weights are all finite"
+                )

@@ -13,7 +13,9 @@ message, whose header asks every client rank to save first; the gather that
 answers the message proves every ``rank-K.zip`` is on disk, and only then is
 ``meta.json`` replaced (temp file + rename) and older rounds deleted.  So the
 checkpoint that ``meta.json`` names is always complete, whatever fails when.  Every file is written to a
-temporary name, flushed to disk and renamed; its size and sha256, computed while writing, are recorded in
+temporary name, flushed to disk and renamed, into the run directory as the run opened it (:mod:`.files`: a
+failed write, a full disk say, leaves no temporary file and ends the run in one line, the last checkpoint kept);
+its size and sha256, computed while writing, are recorded in
 ``meta.json`` (a client rank's come back to the server in the gather), and :func:`verify` checks them all
 before a resumed run touches anything, so a file cut short or changed is named instead of half-loaded.
 
@@ -30,33 +32,25 @@ which waits for the evaluation riding on round R+1's message, is saved in
 
 from __future__ import annotations
 
-import hashlib
-import json
+import fnmatch
 import io
-import os
-import shutil
+import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
 from ..algorithms import ServerState
 from ..data.manifest import build_difference, sha256_file
 from ..errors import MpiflError
+from ..models.pretrained import UnreadableWeights, load_weights_only
 from ..plan.config import RESUMABLE, RunConfig
-from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE, TMP
+from .files import FileRecord, Folder
+from .names import ADOPTED_MEMBER, CHECKPOINT, CHECKPOINT_META, CLIENT_MEMBER, RANK_FILE, ROUND_DIR, SERVER_FILE
 
 FORMAT = 4  # 2: every file's size and sha256; 3: one member per client; 4: identity = every option but RESUMABLE
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """What a checkpoint file must be: its size and sha256."""
-
-    nbytes: int
-    sha256: str
 
 
 @dataclass
@@ -72,6 +66,8 @@ class Checkpoint:
     # optional, so that a meta.json of format 4 written before them still loads (None: not recorded)
     data: dict | None = None  # the data build trained on (mpifl.data.manifest.build_of)
     threads: list[int] | None = None  # each client rank's torch threads
+    # not in meta.json: the server's state as verify read it (rank 0, before the run writes), until load_server
+    server: ServerState | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "round": self.round, "clients": self.clients,
@@ -92,32 +88,13 @@ def _member(cid: int) -> str:
     return CLIENT_MEMBER.format(client=cid)
 
 
-class _Hashing:
-    """A file being written, hashed on the way (what ``torch.save`` writes is what is recorded)."""
-
-    def __init__(self, file):
-        self.file, self.digest, self.nbytes = file, hashlib.sha256(), 0
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.nbytes += len(data)
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
+def _folder(run_dir: Folder | Path) -> Folder:
+    """The run directory to write into: held by the caller (a :class:`~.files.Folder`), or opened now."""
+    return run_dir if isinstance(run_dir, Folder) else Folder(run_dir)
 
 
-def _atomic_write(path: Path, write: Callable[[_Hashing], None]) -> FileRecord:
-    """``write(file)`` to a temporary name, flushed to disk, then renamed onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + TMP)
-    with tmp.open("wb") as f:
-        hashing = _Hashing(f)
-        write(hashing)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return FileRecord(hashing.nbytes, hashing.digest.hexdigest())
+def _round_file(round_index: int, name: str) -> str:
+    return f"{CHECKPOINT}/{ROUND_DIR.format(round=round_index)}/{name}"
 
 
 def _saved(obj) -> bytes:
@@ -126,13 +103,13 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
-def save_server(run_dir: Path, round_index: int, state: ServerState) -> FileRecord:
-    return _atomic_write(round_dir(run_dir, round_index) / SERVER_FILE,
-                         lambda f: torch.save({"model": state.model, "extra": state.extra}, f))
+def save_server(run_dir: Folder | Path, round_index: int, state: ServerState) -> FileRecord:
+    return _folder(run_dir).write(_round_file(round_index, SERVER_FILE),
+                                  lambda f: torch.save({"model": state.model, "extra": state.extra}, f))
 
 
-def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tuple[int, dict[str, torch.Tensor]]],
-                 adopted: dict) -> FileRecord:
+def save_clients(run_dir: Folder | Path, round_index: int, rank: int,
+                 states: Iterable[tuple[int, dict[str, torch.Tensor]]], adopted: dict) -> FileRecord:
     """One client rank's file: an uncompressed zip of one ``torch.save`` per (client id, private tensors) of
     ``states``, written as they come (one state in memory at a time), and the adopted entries
     (:meth:`PrivateStore.adopted_record`)."""
@@ -142,21 +119,16 @@ def save_clients(run_dir: Path, round_index: int, rank: int, states: Iterable[tu
             for cid, private in states:
                 archive.writestr(_member(cid), _saved({k: v.detach().cpu() for k, v in private.items()}))
 
-    return _atomic_write(round_dir(run_dir, round_index) / rank_file(rank), write)
+    return _folder(run_dir).write(_round_file(round_index, rank_file(rank)), write)
 
 
-def commit(run_dir: Path, checkpoint: Checkpoint) -> None:
+def commit(run_dir: Folder | Path, checkpoint: Checkpoint) -> None:
     """Make round ``checkpoint.round`` the checkpoint (every file of it is written), drop older rounds."""
-    base = Path(run_dir) / CHECKPOINT
-    tmp = base / (CHECKPOINT_META + TMP)
-    with tmp.open("w") as f:
-        f.write(json.dumps(checkpoint.to_json(), indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, base / CHECKPOINT_META)
-    for old in base.glob(ROUND_DIR.format(round="*")):
-        if old.name != ROUND_DIR.format(round=checkpoint.round):
-            shutil.rmtree(old, ignore_errors=True)
+    folder = _folder(run_dir)
+    folder.write_text(f"{CHECKPOINT}/{CHECKPOINT_META}", json.dumps(checkpoint.to_json(), indent=1) + "\n")
+    for old in folder.names(CHECKPOINT):
+        if fnmatch.fnmatchcase(old, ROUND_DIR.format(round="*")) and old != ROUND_DIR.format(round=checkpoint.round):
+            folder.remove_tree(f"{CHECKPOINT}/{old}")
 
 
 RESUME_ADVICE = "it cannot be resumed; start the run again with another --out (its metrics.jsonl stays as it is)"
@@ -242,7 +214,10 @@ def _parse(path: Path) -> Checkpoint:
 
 def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     """Every file of the checkpoint is there with the size and sha256 ``meta.json`` recorded; else one line
-    naming the first file that is not (sizes first: a file cut short is found without reading the rest)."""
+    naming the first file that is not (sizes first: a file cut short is found without reading the rest).  Then the
+    server's state is read (:func:`load_server` takes it), so that a server file that cannot be loaded (one that
+    holds objects whose loading could run code) is refused here, before a resumed run writes anything; the client
+    ranks read theirs while they set up."""
     folder = round_dir(run_dir, checkpoint.round)
     expected = [SERVER_FILE] + [rank_file(rank) for rank in sorted(checkpoint.ranks)]
     unrecorded = [name for name in expected if name not in checkpoint.files]
@@ -263,27 +238,39 @@ def verify(run_dir: Path, checkpoint: Checkpoint) -> None:
     for name in expected:
         if sha256_file(folder / name) != checkpoint.files[name].sha256:
             raise refuse(name, "differs from what was written (sha256)")
+    checkpoint.server = _read_server(run_dir, checkpoint)
 
 
 def _unreadable(path: Path, exc: Exception) -> MpiflError:
-    return UnusableCheckpoint(f"cannot load checkpoint file {path} ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0]})")
+    reason = str(exc) if isinstance(exc, UnreadableWeights) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return UnusableCheckpoint(f"cannot load checkpoint file {path} ({reason})")
 
 
 def _torch_load(path: Path, member: str | None = None):
-    """``path`` (or its zip ``member``) through ``torch.load(weights_only=True)``; one line if unreadable."""
+    """``path`` (or its zip ``member``) read weights-only (:func:`~mpifl.models.pretrained.load_weights_only`: no
+    code runs, torch's words stay out); one line if unreadable."""
     try:
         if member is None:
-            return torch.load(path, weights_only=True)
+            return load_weights_only(path)
         with zipfile.ZipFile(path) as archive:
-            return torch.load(io.BytesIO(archive.read(member)), weights_only=True)
+            return load_weights_only(io.BytesIO(archive.read(member)))
     except Exception as exc:  # whatever torch or zipfile raises for a file it cannot read
         raise _unreadable(path, exc) from None
 
 
-def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
-    raw = _torch_load(round_dir(run_dir, checkpoint.round) / SERVER_FILE)
+def _read_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
+    path = round_dir(run_dir, checkpoint.round) / SERVER_FILE
+    raw = _torch_load(path)
+    if not (isinstance(raw, dict) and {"model", "extra"} <= set(raw)):
+        raise UnusableCheckpoint(f"checkpoint file {path} holds no server state (model and extra)")
     return ServerState(model=raw["model"], extra=raw["extra"])
+
+
+def load_server(run_dir: Path, checkpoint: Checkpoint) -> ServerState:
+    """The server's state at the checkpoint: the one :func:`verify` read (handed over, not kept twice), else read
+    now."""
+    state, checkpoint.server = checkpoint.server, None
+    return state if state is not None else _read_server(run_dir, checkpoint)
 
 
 def load_clients(run_dir: Path, checkpoint: Checkpoint,

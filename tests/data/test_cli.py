@@ -1,5 +1,6 @@
 """``python -m mpifl.data``: prepare / info / verify, and one-line errors with exit code 2."""
 
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,43 @@ def test_verify_of_styledigits_not_yet_generated(tmp_path):
     result = invoke("verify", "styledigits", "--data-root", tmp_path)
     assert_user_error(result, f"run `python -m mpifl.data prepare styledigits --data-root {tmp_path}`")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_over_a_build_of_other_images_is_refused_naming_it_and_changes_nothing(tmp_path, monkeypatch):
+    """Another --size is refused before converting; another source only once converted (its images decide), and
+    the same build again, or --replace, goes through."""
+    from mpifl.data import __main__ as main
+    from mpifl.data.folders import convert_folders
+
+    from .test_folders import make_tree, toy_spec
+
+    converted = []
+
+    def convert(src, out, size):
+        converted.append(src)
+        return convert_folders(toy_spec(), src, out, size)
+
+    monkeypatch.setitem(main.PREPARERS, "toy", convert)
+    first, second = tmp_path / "first", tmp_path / "second"
+    make_tree(first, {"One": {"x": 3, "y": 3}, "Two B": {"x": 3, "y": 3}}, seed=1)
+    make_tree(second, {"One": {"x": 3, "y": 3}, "Two B": {"x": 3, "y": 3}}, seed=2)
+    root = tmp_path / "root"
+    assert invoke("prepare", "toy", "--src", first, "--size", 8, "--data-root", root).exit_code == 0
+
+    def files():
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    before = files()
+    built = f"{root / 'toy'} holds a build of toy (8x8 px, from {first.resolve()}); this one "
+    fix = ") would replace it, and runs checkpointed on it could no longer resume; pass another --data-root, or " \
+          "--replace to replace it"
+    assert_user_error(invoke("prepare", "toy", "--src", second, "--size", 6, "--data-root", root),
+                      built + "(at 6x6 px" + fix)
+    assert len(converted) == 1 and files() == before  # refused before converting
+    assert_user_error(invoke("prepare", "toy", "--src", second, "--size", 8, "--data-root", root),
+                      built + "(other shards of one, two_b (content sha256)" + fix)
+    assert files() == before and sorted(p.name for p in root.iterdir()) == ["toy"]  # no staging left either
+    assert invoke("prepare", "toy", "--src", first, "--data-root", root, "--size", 8).exit_code == 0  # the same
+    result = invoke("prepare", "toy", "--src", second, "--size", 6, "--data-root", root, "--replace")
+    assert result.exit_code == 0, result.output
+    assert json.loads((root / "toy" / "manifest.json").read_text())["image_size"] == [6, 6]

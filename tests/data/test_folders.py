@@ -17,6 +17,7 @@ from mpifl.data.images import load_image
 from mpifl.data.manifest import DatasetManifest, verify
 from mpifl.data.shard import SPLITS, Shard
 from mpifl.data.splits import SPLIT_SEED, stratified_split
+from mpifl.data.staging import REPLACING
 from mpifl.errors import MpiflError
 
 PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
@@ -302,12 +303,21 @@ def test_no_src_is_an_error():
     assert_user_error(excinfo, "--src")
 
 
-def test_reconverting_replaces_a_prepared_dataset_but_not_other_folders(tmp_path):
+def test_reconverting_replaces_the_same_build_another_only_when_told_and_never_other_folders(tmp_path):
     src = tmp_path / "src"
     pacs_tree(src, per_class=2)
     out = tmp_path / "out"
     convert_folders(PACS, src, out, size=8)
-    manifest = convert_folders(PACS, src, out, size=4)
+    convert_folders(PACS, src, out, size=8)  # the same build again
+    with pytest.raises(MpiflError) as excinfo:
+        convert_folders(PACS, src, out, size=4)
+    assert_user_error(excinfo, "holds a build of pacs (8x8 px", "this one (images 8x8, now 4x4)", "--replace")
+    assert DatasetManifest.load(out, "pacs").image_size == (8, 8) and sorted(p.name for p in out.iterdir()) == ["pacs"]
+    token = REPLACING.set(True)  # prepare --replace
+    try:
+        manifest = convert_folders(PACS, src, out, size=4)
+    finally:
+        REPLACING.reset(token)
     assert manifest.image_size == (4, 4) and verify(out, "pacs") == []
     assert sorted(p.name for p in out.iterdir()) == ["pacs"]  # no temporary folder left
     (out / "pacs" / "notes.txt").write_text("mine")

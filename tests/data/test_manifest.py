@@ -52,7 +52,10 @@ def test_build_manifest_describes_the_shards(toy):
     assert m.split_sizes("light") == {"train": 10, "val": 3, "test": 5}
     assert m.protocol == {"clients_per_domain": 2} and m.source == "made in a test"
     path = root / "toy" / "dark.h5"
-    assert m.shards["dark"] == {"file": "dark.h5", "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    with h5py.File(path, "r") as f:
+        content = f.attrs["content_sha256"]
+    assert m.shards["dark"] == {"file": "dark.h5", "sha256": sha256_file(path), "bytes": path.stat().st_size,
+                                "content": content}
     assert m.shard_path(root, "light") == root / "toy" / "light.h5"
 
 
@@ -162,14 +165,67 @@ def test_open_shard_refuses_another_domains_shard_copied_over_it(tmp_path):
         assert shard.domain == "a"
 
 
-def test_a_build_is_told_from_another_by_its_image_size_and_shards(toy):
+def _another_build(tmp_path, name, seed_offset=0):
+    """Dataset ``name`` under ``tmp_path/name``: domains dark and light with toy's counts and sizes, other pixels
+    when ``seed_offset`` is not 0 (as from another source)."""
+    root = tmp_path / name
+    make_shard(root, "toy", "dark", 30, seed=1 + seed_offset)
+    make_shard(root, "toy", "light", 10, seed=2, brightness=150)
+    return root, build_manifest(root, "toy", source="made in a test", protocol={})
+
+
+def test_open_shard_refuses_the_same_domain_from_another_build_copied_over_it(tmp_path):
+    """Same name, counts, classes, shape and file length (cp B/toy/dark.h5 A/toy/dark.h5): the content checksum
+    the shard carries, one attribute, tells it from the one the manifest was written with."""
+    root, m = _another_build(tmp_path, "a")
+    other, _ = _another_build(tmp_path, "b", seed_offset=10)
+    shutil.copyfile(other / "toy" / "dark.h5", root / "toy" / "dark.h5")
+    assert (root / "toy" / "dark.h5").stat().st_size == m.shards["dark"]["bytes"]
+    with pytest.raises(MpiflError) as error:
+        open_shard(root, m, "dark")
+    assert one_line(error).startswith(f"shard {root / 'toy' / 'dark.h5'} (domain dark): it is not the shard this "
+                                      "manifest was prepared with (content sha256 ")
+    assert "another build's file copied over it; run `python -m mpifl.data prepare toy" in str(error.value)
+    with open_shard(root, m, "light") as shard:  # the same build of light, from the other root: the same content
+        assert shard.content == m.shards["light"]["content"]
+
+
+def test_a_dataset_prepared_before_content_checksums_is_checked_by_its_files_sha256(tmp_path):
+    """A manifest without content checksums (and shards without them, as an earlier mpifl wrote them) still
+    opens; another build's shard copied over one is refused by its file's sha256, read once per process."""
+    root, _ = _another_build(tmp_path, "a")
+    other, _ = _another_build(tmp_path, "b", seed_offset=10)
+    for shard in [*root.glob("toy/*.h5"), *other.glob("toy/*.h5")]:
+        with h5py.File(shard, "a") as f:
+            del f.attrs["content_sha256"]
+    m = build_manifest(root, "toy", source="made in a test", protocol={})
+    assert "content" not in m.shards["dark"] and "content" not in build_of(m)
+    assert DatasetManifest.load(root, "toy") == m
+    open_shard(root, m, "dark").close()
+    shutil.copyfile(other / "toy" / "dark.h5", root / "toy" / "dark.h5")
+    with pytest.raises(MpiflError) as error:
+        open_shard(root, m, "dark")
+    assert one_line(error).startswith(f"shard {root / 'toy' / 'dark.h5'} (domain dark): its sha256 differs from the "
+                                      "manifest's: another build's file copied over it")
+
+
+def test_a_build_is_told_from_another_by_its_image_size_and_shards_content(toy, tmp_path):
     _, m, _ = toy
     build = build_of(m)
-    assert build == {"image_size": list(SIZE), "shards": {d: m.shards[d]["sha256"] for d in ("dark", "light")}}
+    assert build == {"image_size": list(SIZE), "shards": {d: m.shards[d]["sha256"] for d in ("dark", "light")},
+                     "content": {d: m.shards[d]["content"] for d in ("dark", "light")}}
     assert build_difference(build, json.loads(json.dumps(build))) is None  # as a checkpoint stores it
     assert build_difference(build, {**build, "image_size": [16, 16]}) == "images 4x5, now 16x16"
-    changed = {**build, "shards": {"dark": "0" * 64, "light": build["shards"]["light"], "extra": "1" * 64}}
-    assert build_difference(build, changed) == "other shards of dark, extra (sha256)"
+    changed = {**build, "content": {"dark": "0" * 64, "light": build["content"]["light"], "extra": "1" * 64}}
+    assert build_difference(build, changed) == "other shards of dark, extra (content sha256)"
+    rewritten = {**build, "shards": {d: "2" * 64 for d in build["shards"]}}  # the same images, another file
+    assert build_difference(build, rewritten) is None
+    _, other = _another_build(tmp_path, "b", seed_offset=10)
+    assert build_difference(build_of(_another_build(tmp_path, "a")[1]), build_of(other)) == \
+        "other shards of dark (content sha256)"
+    old = {"image_size": list(SIZE), "shards": build["shards"]}  # a checkpoint of an earlier mpifl: files' sha256
+    assert build_difference(old, build) is None
+    assert build_difference(old, rewritten) == "other shards of dark, light (sha256)"
 
 
 def test_open_shard_missing_file_says_how_to_prepare(toy):

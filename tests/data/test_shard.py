@@ -1,5 +1,6 @@
 """HDF5 shard format: writing, reading back exactly, and rejecting bad shards."""
 
+import hashlib
 import json
 
 import h5py
@@ -67,6 +68,41 @@ def test_round_trip_is_exact_and_attributes_are_written(tmp_path):
         assert f.attrs["created_by"] == f"mpifl {__version__}"
         assert f["test/images"].shape == (0, H, W, C) and f["test/labels"].shape == (0,)
         assert f["train/labels"].dtype == np.int64
+
+
+def _content(data, domain="sketch", task="classification", classes=CLASSES, channels=C):
+    """The content checksum of ``data`` ({split: (images, labels)}) as the shard format defines it, computed
+    here from the arrays."""
+    identity = {"dataset": "toy", "domain": domain, "task": task, "classes": classes, "image_size": [H, W],
+                "channels": channels}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+    for split in ("train", "val", "test"):
+        x, y = data[split]
+        y = y if task == "segmentation" else y.astype("<i8")
+        digest.update(f"\n{split} {len(x)} {hashlib.sha256(x.tobytes()).hexdigest()} "
+                      f"{hashlib.sha256(y.tobytes()).hexdigest()}".encode())
+    return digest.hexdigest()
+
+
+def test_a_shard_carries_the_checksum_of_its_content_whatever_batches_or_source_wrote_it(tmp_path):
+    data = write_toy(tmp_path / "a.h5", np.random.default_rng(0))
+    with Shard(tmp_path / "a.h5") as shard:
+        first = shard.content
+    assert first == _content(data)
+    with writer(tmp_path / "b.h5", source="elsewhere") as w:  # the same content, in other batches, val first
+        w.add("val", *data["val"])
+        for rows in (slice(0, 50), slice(50, 100)):
+            w.add("train", data["train"][0][rows], data["train"][1][rows])
+    data["train"][0][7, 1, 2, 0] ^= 1  # one pixel
+    with writer(tmp_path / "c.h5") as w:
+        w.add("train", *data["train"])
+        w.add("val", *data["val"])
+    with Shard(tmp_path / "b.h5") as same, Shard(tmp_path / "c.h5") as other:
+        assert same.content == first and other.content == _content(data) != first
+    with h5py.File(tmp_path / "a.h5", "a") as f:
+        del f.attrs["content_sha256"]  # as a shard written before the checksum existed
+    with Shard(tmp_path / "a.h5") as old:
+        assert old.content is None
 
 
 def test_train_mean_and_std_match_numpy(tmp_path):
@@ -225,6 +261,9 @@ def test_a_segmentation_shard_keeps_uint8_masks_and_its_task(tmp_path):
         writer.add("test", images[:2], _masks(2, 1))
     with Shard(path) as shard:
         assert shard.task == "segmentation" and shard.sizes == {"train": 4, "val": 0, "test": 2}
+        assert shard.content == _content({"train": (images, _masks(4)), "val": (images[:0], _masks(0)),
+                                          "test": (images[:2], _masks(2, 1))}, "site", "segmentation",
+                                         ["background", "prostate"], 1)
         x, y = shard.load("train", indices=[3, 0])
         assert y.dtype == np.uint8 and np.array_equal(y, _masks(4)[[3, 0]]) and np.array_equal(x, images[[3, 0]])
         assert np.array_equal(shard.labels("test"), _masks(2, 1))

@@ -248,3 +248,42 @@ def test_other_architecture_or_channels(tmp_path):
     except MpiflError as err:
         message = str(err)
     assert "\n" not in message
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (exec, ("open('RAN', 'w').write('code ran')",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_unread_in_one_line_without_torchs_words(tmp_path, monkeypatch,
+                                                                                         recwarn):
+    """Saved by plain pickle (protocol 4, which torch's weights-only reader warns about) or by torch.save."""
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    with open("plain.pkl", "wb") as file:
+        pickle.dump({"w": torch.zeros(2), "x": _RunsCode()}, file, protocol=4)
+    torch.save({"w": torch.zeros(2), "x": _RunsCode()}, "torch.pt")
+    lines = []
+    for name in ("plain.pkl", "torch.pt"):
+        with pytest.raises(MpiflError) as error:
+            load_pretrained(small(), name)
+        lines.append(str(error.value))
+    assert [str(w.message) for w in recwarn] == []  # not torch's about the pickle protocol
+    assert not (tmp_path / "RAN").exists()
+    assert lines == [f"--pretrained {name}: cannot read it as a weights-only torch checkpoint (it holds Python objects "
+                     "besides tensors, left unread: loading them could run code); save the weights with "
+                     "torch.save(model.state_dict(), PATH)" for name in ("plain.pkl", "torch.pt")]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_weight_that_is_not_finite_is_refused_naming_the_file_and_its_entry(tmp_path, bad):
+    model = small()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["conv1.weight"][0, 0, 0, :2] = bad
+    path = tmp_path / "weights.pth"
+    torch.save(state, path)
+    with pytest.raises(MpiflError) as error:
+        load_pretrained(small(), path)
+    assert str(error.value) == (f"--pretrained {path}: entry conv1.weight holds 2 of its 4800 values not finite (NaN "
+                                "or infinite); use a checkpoint whose weights are all finite")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import shutil
 import zipfile
 
@@ -12,6 +14,7 @@ import torch
 
 from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
+from mpifl.data.shard import SPLITS, Shard, ShardWriter
 from mpifl.errors import MpiflError
 from mpifl.job.cli import build_config
 from mpifl.plan.config import CORE_KEYS, RESUMABLE, RunConfig
@@ -278,16 +281,22 @@ def test_kept_optimizer_state_is_checkpointed_resumes_bit_for_bit_and_never_cros
 
 
 def _build_with_one_shard_changed(data_root, root):
-    """Another build of styledigits under ``root``: one pixel of mono's training images differs, and the manifest
-    says so (as prepare writes it)."""
-    import h5py
-
+    """Another build of styledigits under ``root``: one pixel of mono's training images differs, its shard written
+    and the manifest updated as prepare writes them."""
     shutil.copytree(data_root / "styledigits", root / "styledigits")
     shard = root / "styledigits" / "mono.h5"
-    with h5py.File(shard, "r+") as f:
-        f["train/images"][0, 0, 0, 0] ^= 1
+    with Shard(shard) as old:
+        data = {split: old.load(split) for split in SPLITS}
+        layout = dict(dataset=old.dataset, domain=old.domain, classes=old.classes, image_size=old.image_size,
+                      channels=old.channels, source=old.source, task=old.task)
+    data["train"][0][0, 0, 0, 0] ^= 1
+    with ShardWriter(shard, **layout) as writer:
+        for split, (images, labels) in data.items():
+            writer.add(split, images, labels)
+    with Shard(shard) as new:
+        content = new.content
     manifest = json.loads((root / "styledigits" / "manifest.json").read_text())
-    manifest["shards"]["mono"].update(sha256=sha256_file(shard), bytes=shard.stat().st_size)
+    manifest["shards"]["mono"].update(sha256=sha256_file(shard), bytes=shard.stat().st_size, content=content)
     (root / "styledigits" / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -299,12 +308,32 @@ def test_a_resume_on_another_build_of_the_data_is_refused_and_a_moved_copy_is_no
     job = run_here("--resume", str(run), "--rounds", "3", "--data-root", str(other))
     assert job.returncode == 2
     one_error(job, f"checkpoint in {run} was taken on another build of styledigits than the one in --data-root "
-                   f"{other} (other shards of mono (sha256)); resume with the data the run started on")
+                   f"{other} (other shards of mono (content sha256)); resume with the data the run started on")
     assert snapshot(run) == before
     moved = tmp_path / "moved"
     shutil.copytree(data_root / "styledigits", moved / "styledigits")  # the same build elsewhere: --data-root may move
     job = run_here("--resume", str(run), "--rounds", "3", "--data-root", str(moved))
     assert job.returncode == 0, job.stderr
+
+
+def test_a_shard_of_another_build_copied_into_the_data_is_refused_by_a_resume_and_by_a_new_run(checkpointed, data_root,
+                                                                                            tmp_path):
+    """cp -r DA DAx; cp DC/.../mono.h5 DAx/.../mono.h5: the same domain, counts and file length, DA's manifest."""
+    run = _copy(checkpointed, tmp_path)
+    before = snapshot(run)
+    other = _build_with_one_shard_changed(data_root, tmp_path / "other")
+    swapped = tmp_path / "swapped"
+    shutil.copytree(data_root, swapped)
+    shutil.copyfile(other / "styledigits" / "mono.h5", swapped / "styledigits" / "mono.h5")
+    refusal = (f"shard {swapped / 'styledigits' / 'mono.h5'} (domain mono): it is not the shard this manifest was "
+               "prepared with (content sha256 ")
+    job = run_here("--resume", str(run), "--rounds", "3", "--data-root", str(swapped))
+    assert job.returncode == 2
+    one_error(job, refusal, "another build's file copied over it; delete")
+    assert snapshot(run) == before
+    job = run_here(*_args(swapped, tmp_path / "new", "--rounds", "1"))
+    assert job.returncode == 2 and not (tmp_path / "new").exists()
+    one_error(job, refusal)
 
 
 def test_a_resume_on_another_thread_count_says_so_in_one_line(checkpointed, tmp_path):
@@ -350,3 +379,55 @@ def test_a_checkpoint_from_before_data_and_threads_were_recorded_still_loads(tmp
     meta.write_text(json.dumps(raw))
     old = load(tmp_path, _cfg(), 5, build)
     assert (old.round, old.data, old.threads) == (2, None, None)
+
+
+@pytest.mark.slow
+def test_a_disk_full_at_a_checkpoint_ends_the_run_in_one_line_keeping_the_last_one(data_root, tmp_path, monkeypatch):
+    """The file system fills while round 2's server.pt is written (reported at the flush, as on a network file
+    system): one line, exit 2, no temporary file; the checkpoint after round 1 resumes."""
+    run = tmp_path / "run"
+    fsync = os.fsync
+
+    def full_at_round_2(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("round-2/server.pt.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_round_2)
+    job = run_here(*_args(data_root, run, "--rounds", "3", "--ckpt-every", "1"))
+    assert job.returncode == 2
+    one_error(job, f"mpifl: error: cannot write {run}/checkpoint/round-2/server.pt: No space left on device; free "
+                   f"space on its file system (or copy {run} to a file system that can hold it, and resume the copy); "
+                   f"the checkpoint after round 1 is kept: continue with --resume {run}")
+    assert sorted(p.relative_to(run).as_posix() for p in (run / "checkpoint").rglob("*") if p.is_file()) == \
+        ["checkpoint/meta.json", "checkpoint/round-1/rank-1.zip", "checkpoint/round-1/server.pt"]
+    monkeypatch.setattr(os, "fsync", fsync)
+    job = run_here("--resume", str(run))
+    assert job.returncode == 0, job.stderr
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (exec, ("open('RAN', 'w').write('code ran')",))
+
+
+@pytest.mark.slow
+def test_a_server_file_that_would_run_code_is_refused_unread_before_anything_is_written(checkpointed, tmp_path,
+                                                                                         monkeypatch):
+    """Its record in meta.json made to match, as someone who swapped it would: a check of the file's content, not
+    of its sha256, and before the resumed run writes its log or config.json."""
+    run = _copy(checkpointed, tmp_path)
+    server = run / "checkpoint" / "round-2" / "server.pt"
+    torch.save({"model": {}, "extra": {}, "x": _RunsCode()}, server)
+    meta = json.loads((run / "checkpoint" / "meta.json").read_text())
+    meta["files"]["server.pt"] = {"bytes": server.stat().st_size, "sha256": sha256_file(server)}
+    (run / "checkpoint" / "meta.json").write_text(json.dumps(meta))
+    before = snapshot(run)
+    monkeypatch.chdir(tmp_path)
+    job = run_here("--resume", str(run), "--rounds", "3")
+    assert job.returncode == 2
+    one_error(job, f"mpifl: error: cannot load checkpoint file {server} (it holds Python objects besides tensors, "
+                   "left unread: loading them could run code); it cannot be resumed")
+    assert "weights_only" not in job.stdout + job.stderr and "Warning" not in job.stderr
+    assert snapshot(run) == before and not (tmp_path / "RAN").exists()
