@@ -110,7 +110,9 @@ class Tracking:
         started = time.monotonic()
         deadline = started + FINISH_SECONDS
         if status == FINISHED:
-            files, summary = self._files(deadline), (self.run_dir.path / SUMMARY_MD).read_text()
+            files, summary = self._files(deadline), ""
+            with contextlib.suppress(OSError):  # written just before; a run directory removed since has none
+                summary = (self.run_dir.path / SUMMARY_MD).read_text()
             for worker in self.workers:
                 worker.put(lambda tracker: tracker.attach(files, summary, self.last_round), END)
         for worker in self.workers:
@@ -139,10 +141,10 @@ class Tracking:
         except (OSError, subprocess.TimeoutExpired) as exc:
             failed = _cause(exc)
         if failed:
-            self._warn(f"mpifl: warning: the trackers get no report: {' '.join(command[1:4])} said: {failed}; the "
+            self._warn(f"mpifl: warning: the trackers get no report: python -m mpifl.report said: {failed}; the "
                        "run's results are all written")
         report = sorted(out.iterdir()) if out.is_dir() and not failed else []
-        return {name: path / name for name in (CONFIG, SUMMARY_MD, SUMMARY_CSV)} | {
+        return {name: path / name for name in (CONFIG, SUMMARY_MD, SUMMARY_CSV) if (path / name).is_file()} | {
             f"{REPORT}/{file.name}": file for file in report if file.is_file()}
 
     def abandon(self) -> None:

@@ -12,7 +12,7 @@ from mpifl.errors import MpiflError
 from mpifl.plan.config import RunConfig
 from mpifl.server.tracking import live
 from mpifl.server.tracking.live import Tracking, check_installed
-from mpifl.server.tracking.tracker import FAILED, STOPPED, Tracker
+from mpifl.server.tracking.tracker import FAILED, FINISHED, STOPPED, Tracker
 
 
 class Recording(Tracker):
@@ -26,6 +26,7 @@ class Recording(Tracker):
         self.fail_at, self.gate = fail_at, gate
         self.logged: list[tuple[int, dict]] = []
         self.closed: list[str] = []
+        self.attached = None
         self.called = threading.Event()  # its first log call began
 
     def log(self, step, values):
@@ -37,7 +38,7 @@ class Recording(Tracker):
         self.logged.append((step, values))
 
     def attach(self, files, summary, step):
-        raise AssertionError("a stopped run attaches nothing")
+        self.attached = (files, summary, step)
 
     def close(self, status):
         self.closed.append(status)
@@ -62,6 +63,25 @@ def test_each_record_reaches_each_tracker_in_order_from_its_first_round(capsys):
     assert fresh.logged[1][1] == {"train/loss": 0.5, "train/acc": 50.0, "seconds/round": 2.0}
     assert fresh.closed == continued.closed == [STOPPED] and warnings_of(capsys) == []
     assert tracking.runs == {"recording": "r1"}
+
+
+def test_a_finished_run_whose_report_fails_still_attaches_its_files_and_says_so_once(tmp_path, capsys):
+    from mpifl.rundir.rundir import RunDir
+
+    (tmp_path / "config.json").write_text("{}")  # no metrics.jsonl: the report finds no run there
+    (tmp_path / "summary.md").write_text("| domain |")
+    tracker = Recording()
+    tracking = Tracking([tracker], run_dir=RunDir(tmp_path))
+    tracking.record(record(1))
+    tracking.finish(FINISHED)
+    assert tracker.closed == [FINISHED]
+    assert tracker.attached == ({"config.json": tmp_path / "config.json", "summary.md": tmp_path / "summary.md"},
+                                "| domain |", 1)
+    (line,) = warnings_of(capsys)
+    assert line.startswith("mpifl: warning: the trackers get no report: python -m mpifl.report said: mpifl: error: "
+                           f"no run under {tmp_path}") and line.endswith("; the run's results are all written")
+    log = (tmp_path / "log.txt").read_text()
+    assert line in log and "tracking: 1 records handed to the trackers in " in log
 
 
 def test_a_tracker_that_raises_is_dropped_with_one_warning_and_the_others_go_on(capsys):
