@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import tempfile
 import weakref
 from pathlib import Path
@@ -18,7 +19,7 @@ from ..errors import MpiflError
 from ..plan.config import RunConfig
 from . import checkpoint
 from .directory import claim, default_run_dir, run_files
-from .names import ATTEMPTS, CONFIG, LOG, METRICS, SUMMARY_CSV, SUMMARY_MD, TMP, TRACEBACKS, traceback_file
+from .names import ATTEMPTS, CONFIG, LOG, METRICS, SUMMARY_CSV, SUMMARY_MD, TMP, TRACEBACKS, TRACKING, traceback_file
 
 
 class RunDir:
@@ -91,9 +92,10 @@ class RunDir:
             self.lock.describe(f"{cfg.algo} on {cfg.data}, {cfg.rounds} rounds")
 
     def unmake(self) -> None:
-        """Undo :meth:`create` for a run refused right after it (its ``config.json``, its claim, the empty
-        directory)."""
+        """Undo :meth:`create` for a run refused right after it (its ``config.json``, what its live trackers began,
+        its claim, the empty directory)."""
         (self.path / CONFIG).unlink(missing_ok=True)
+        shutil.rmtree(self.path / TRACKING, ignore_errors=True)
         self.release()
         try:
             self.path.rmdir()
