@@ -124,9 +124,10 @@ class Tracking:
                             "written")
         per_record = ", ".join(f"{w.tracker.name} {1000 * w.cpu[RECORD] / max(1, w.calls_done[RECORD]):.1f} ms"
                                for w in self.workers)
-        self._log(f"tracking: {self.handed} records handed to the trackers in {1000 * self.handing:.1f} ms of the "
-                  f"round loop; CPU per record in each tracker's thread: {per_record}; the run's end waited "
-                  f"{time.monotonic() - started:.1f} s for the report and the trackers\n")
+        self._log(f"tracking: {self.handed} record{'s' * (self.handed != 1)} handed to the trackers in "
+                  f"{1000 * self.handing:.1f} ms of the round loop; CPU per record in each tracker's thread: "
+                  f"{per_record}; ending them took {time.monotonic() - started:.1f} s"
+                  + (" (the report's included)\n" if status == FINISHED else "\n"))
 
     def _files(self, deadline: float) -> dict[str, Path]:
         """What a finished run attaches, by name: config.json, the summaries, and the report of the run, made by

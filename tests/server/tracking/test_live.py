@@ -81,7 +81,7 @@ def test_a_finished_run_whose_report_fails_still_attaches_its_files_and_says_so_
     assert line.startswith("mpifl: warning: the trackers get no report: python -m mpifl.report said: mpifl: error: "
                            f"no run under {tmp_path}") and line.endswith("; the run's results are all written")
     log = (tmp_path / "log.txt").read_text()
-    assert line in log and "tracking: 1 records handed to the trackers in " in log
+    assert line in log and "tracking: 1 record handed to the trackers in " in log and "(the report's included)" in log
 
 
 def test_a_tracker_that_raises_is_dropped_with_one_warning_and_the_others_go_on(capsys):
