@@ -20,6 +20,7 @@ import os
 import posixpath
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from .tracker import FAILED, FINISHED, TrackedRun, Tracker
 
@@ -51,7 +52,8 @@ class MlflowTracker(Tracker):
         own = run.folder / FOLDER
         if _uri() is None:
             own.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=_uri() or f"sqlite:///{(own / 'mlflow.db').absolute()}")
+        # the path quoted, as SQLAlchemy unquotes it: a '?' or '#' in a run directory's name must not cut it short
+        self.client = MlflowClient(tracking_uri=_uri() or f"sqlite:///{quote(str((own / 'mlflow.db').absolute()))}")
         if run.continues:
             self.run_id, self.first_round = run.continues, run.first_round
             found = self.client.get_run(self.run_id)  # a store without it raises: the run is refused, named

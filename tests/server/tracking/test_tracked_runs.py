@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -51,20 +52,21 @@ def _same(found: dict, expected: dict, as_float32: bool = False) -> None:
 
 
 def _mlflow_uri(run) -> str:
-    return f"sqlite:///{run / 'tracking' / 'mlflow' / 'mlflow.db'}"
+    return f"sqlite:///{quote(str(run / 'tracking' / 'mlflow' / 'mlflow.db'))}"
 
 
 def test_a_tracked_runs_trackers_hold_what_metrics_jsonl_holds(data_root, tmp_path):
-    run = tmp_path / "run"
+    run = tmp_path / "a run?#%41"  # what a URI would cut short or decode
     job = run_here(*_args(data_root, run, "--rounds", "2", "--track", "mlflow,tensorboard,wandb"))
     assert job.returncode == 0, job.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a run?#%41", "wandb-cache"]  # nothing outside the run
     assert "mpifl:" not in job.stderr and "wandb" not in job.stderr.lower() and "mlflow" not in job.stderr.lower()
     records, expected = read_metrics(run), _expected(run)
     assert ("global/test_acc/mean", 2) in expected and ("seconds/round", 1) in expected
     config = json.loads((run / "config.json").read_text())
 
     (found,) = mlflow_runs(_mlflow_uri(run))
-    assert found.info.status == "FINISHED" and found.info.run_name == "run"
+    assert found.info.status == "FINISHED" and found.info.run_name == "a run?#%41"
     assert found.data.params == {k: str(v) for k, v in config.items()}
     logged = mlflow_scalars(_mlflow_uri(run), found.info.run_id)
     _same(logged, expected)
@@ -82,7 +84,7 @@ def test_a_tracked_runs_trackers_hold_what_metrics_jsonl_holds(data_root, tmp_pa
     (offline,) = wandb_runs(run / "tracking")
     _same(wandb_scalars([offline]), expected)
     described = wandb_run(offline)
-    assert described.display_name == "run" and not described.run_group
+    assert described.display_name == "a run?#%41" and not described.run_group
     assert {u.key: json.loads(u.value_json) for u in described.config.update}["rounds"] == 2
     files = offline.parent / "files"
     assert (files / "summary.csv").read_text() == (run / "summary.csv").read_text()
