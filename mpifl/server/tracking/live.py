@@ -11,8 +11,10 @@
   ``mpifl: warning: tracking to <name> stopped: <cause>; the run goes on``, and is dropped.
 * **end** (:meth:`Tracking.finish`): a finished run's report is made by ``python -m mpifl.report`` (the report
   sits a layer above rank 0's code, so it runs as the command) into ``<run>/tracking/report``; every tracker then
-  gets config.json, the summaries, the report's tables and figures, and ends its run.  The end waits at most
-  :data:`FINISH_SECONDS` for the trackers; ``log.txt`` says what tracking cost the round loop and each thread.
+  gets config.json, the summaries, the report's tables and figures, and ends its run.  The end waits for the
+  trackers at most :data:`FINISH_SECONDS`, :data:`STOP_SECONDS` after a stop signal (a scheduler's grace time
+  runs), half ``--round-timeout`` (the other ranks' clock runs too); ``log.txt`` says what tracking cost the round
+  loop and each thread.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from .tracker import FAILED, FINISHED, TrackedRun, Tracker
 
 TRACKERS: dict[str, type[Tracker]] = {cls.name: cls for cls in (TensorBoardTracker, MlflowTracker, WandbTracker)}
 QUEUE_CALLS = 256  # a tracker this many calls (rounds) behind the run is dropped
-FINISH_SECONDS = 60.0  # the end of a run waits this long at most for its report and its trackers
+FINISH_SECONDS = 60.0  # the end of a finished run waits this long at most for its report and its trackers
+STOP_SECONDS = 5.0  # and of a stopped run, for its trackers
 REPORT = "report"  # inside the run's tracking folder: what python -m mpifl.report wrote at the end
 RECORD, END = "record", "end"  # the kinds of a tracker's calls: a round's record, and the end of the run
 
@@ -58,8 +61,9 @@ def check_installed(cfg: RunConfig) -> None:
 class Tracking:
     """The trackers of one run on rank 0 (none without ``--track``)."""
 
-    def __init__(self, trackers: list[Tracker], metric: str = "acc", run_dir: RunDir | None = None):
-        self.metric, self.run_dir = metric, run_dir
+    def __init__(self, trackers: list[Tracker], metric: str = "acc", run_dir: RunDir | None = None,
+                 round_timeout: float = 0.0):
+        self.metric, self.run_dir, self.round_timeout = metric, run_dir, round_timeout
         self.workers = [_Worker(tracker, self._warn) for tracker in trackers]
         self.last_round = 0
         self.handed, self.handing = 0, 0.0  # records queued, and the round loop's seconds doing it
@@ -85,7 +89,7 @@ class Tracking:
                         started.close(FAILED)
                 raise MpiflError(f"--track {name} cannot start: {_cause(exc)}; correct that, or leave {name} out "
                                  "of --track") from None
-        return cls(trackers, metric, run_dir)
+        return cls(trackers, metric, run_dir, cfg.round_timeout)
 
     @property
     def runs(self) -> dict[str, str] | None:
@@ -107,8 +111,10 @@ class Tracking:
         """End every tracker run as ``status``; a finished run's files and report go with it."""
         if not self.workers:
             return
+        bound = FINISH_SECONDS if status == FINISHED else STOP_SECONDS
+        bound = min(bound, self.round_timeout / 2) if self.round_timeout else bound
         started = time.monotonic()
-        deadline = started + FINISH_SECONDS
+        deadline = started + bound
         if status == FINISHED:
             files, summary = self._files(deadline), ""
             with contextlib.suppress(OSError):  # written just before; a run directory removed since has none
@@ -120,8 +126,7 @@ class Tracking:
         for worker in self.workers:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
             if worker.thread.is_alive():
-                worker.stop(f"it had not ended {FINISH_SECONDS:g} s after the run", "the run's results are all "
-                            "written")
+                worker.stop(f"it had not ended {bound:g} s after the run", "the run's results are all written")
         per_record = ", ".join(f"{w.tracker.name} {1000 * w.cpu[RECORD] / max(1, w.calls_done[RECORD]):.1f} ms"
                                for w in self.workers)
         self._log(f"tracking: {self.handed} record{'s' * (self.handed != 1)} handed to the trackers in "

@@ -98,7 +98,7 @@ def test_a_tracker_that_raises_is_dropped_with_one_warning_and_the_others_go_on(
 
 def test_a_tracker_that_stops_answering_never_holds_up_the_round_loop(capsys, monkeypatch):
     monkeypatch.setattr(live, "QUEUE_CALLS", 4)
-    monkeypatch.setattr(live, "FINISH_SECONDS", 0.5)
+    monkeypatch.setattr(live, "STOP_SECONDS", 0.5)
     gate = threading.Event()
     hung = Recording(gate=gate)
     tracking = Tracking([hung])
@@ -118,16 +118,24 @@ def test_a_tracker_that_stops_answering_never_holds_up_the_round_loop(capsys, mo
     assert not hung_thread.is_alive() and [step for step, _ in hung.logged] == [1] and hung.closed == [FAILED]
 
 
-def test_the_end_of_a_run_waits_a_bounded_time_for_a_tracker(capsys, monkeypatch):
-    monkeypatch.setattr(live, "FINISH_SECONDS", 0.5)
+@pytest.mark.parametrize("status,round_timeout,bound", [(STOPPED, 0.0, 0.5), (STOPPED, 0.6, 0.3),
+                                                         (FINISHED, 0.0, 0.8)])
+def test_the_end_of_a_run_waits_a_bounded_time_for_a_tracker(capsys, monkeypatch, tmp_path, status, round_timeout,
+                                                             bound):
+    """After a stop not long (a scheduler's grace time runs), never half --round-timeout or more (the other ranks'
+    clocks run)."""
+    from mpifl.rundir.rundir import RunDir
+
+    monkeypatch.setattr(live, "STOP_SECONDS", 0.5)
+    monkeypatch.setattr(live, "FINISH_SECONDS", 0.8)
     gate = threading.Event()
-    tracking = Tracking([Recording(gate=gate)])
+    tracking = Tracking([Recording(gate=gate)], run_dir=RunDir(tmp_path), round_timeout=round_timeout)
     tracking.record(record(1))
     started = time.perf_counter()
-    tracking.finish(STOPPED)
-    assert time.perf_counter() - started < 2
-    assert warnings_of(capsys) == ["mpifl: warning: tracking to recording stopped: it had not ended 0.5 s after the "
-                                   "run; the run's results are all written"]
+    tracking.finish(status)
+    assert bound <= time.perf_counter() - started < bound + 1.5  # a finished run's report fails at once here
+    assert warnings_of(capsys)[-1] == (f"mpifl: warning: tracking to recording stopped: it had not ended {bound:g} s "
+                                       "after the run; the run's results are all written")
     gate.set()
 
 
