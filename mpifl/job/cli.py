@@ -155,6 +155,14 @@ _HELP = {
                     "peer for this many seconds: its node failed or is cut off the network (every rank sends its "
                     "peers a heartbeat each second, whatever it is doing, so a long round is not a silence; rank 0 "
                     "watches the client ranks, which give rank 0 a quarter more); exit 69; 0 = never",
+    "track": "live trackers rank 0 sends the run to while it goes on, a comma list of tensorboard (event files "
+             "in <out>/tracking/tensorboard), mlflow (a run in MLFLOW_TRACKING_URI's store, by default a SQLite "
+             "store in <out>/tracking/mlflow) and wandb (a W&B run, offline in <out>/tracking unless WANDB_MODE "
+             "and WANDB_DIR say otherwise): every record of metrics.jsonl as it is written, the options, and at the "
+             "end the summaries and the report's tables and figures; each needs its extra (pip install "
+             "'mpifl[mlflow]'); a resumed run continues the same tracker runs (the checkpoint names them); a "
+             "tracker that fails while the run goes on is dropped with one warning line; the numbers never depend "
+             "on it",
 }
 
 def _core_options() -> list[click.Option]:

@@ -52,6 +52,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                    "--private-memory")),
     ("Run directory, checkpoints and failures", ("--out", "--ckpt-every", "--resume", "--round-timeout",
                                                  "--peer-timeout")),
+    ("Live tracking", ("--track",)),
     ("Information, then exit", ("--show-manifest", "--list-presets", "--version", "--help")),
 )
 METHODS = "Options of the methods"

@@ -49,6 +49,7 @@ from ..rundir.names import CONFIG, METRICS, SUMMARY_CSV, SUMMARY_MD, holdout_fol
 from ..rundir.rundir import RunDir, write_fold_table
 from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
+from ..server.tracking.live import Tracking, check_installed
 from ..session.session import Session, make_session, read_labels
 from ..transport.comm import Comm
 from ..transport.inprocess import run_threads
@@ -150,11 +151,13 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
     ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
     # rank 0's run directory, claimed, once it is this run's: where a bug's traceback goes
     opened: RunDir | None = None
+    tracking = Tracking([])  # rank 0's live trackers (--track), started once the run may write
 
     def check_run_dir():
         nonlocal opened
         if comm.rank != 0:
             return None
+        check_installed(cfg)  # a missing package is refused before anything is looked at or written
         path = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         if resume:
             opened = RunDir.claim_resumed(path)
@@ -192,15 +195,22 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         session, host, resumed = collectively(comm, lambda: opened, setup_ranks)
 
         def open_run_dir():  # every rank is set up: the run may write
-            nonlocal opened
+            nonlocal opened, tracking
             if comm.rank != 0:
                 return None
-            if resume:
+            metric = session.algo.task.metric
+            if resume:  # the trackers first: one that cannot start refuses the run before it writes anything
+                tracking = Tracking.start(cfg, opened, metric, resumed)
                 archived = opened.reopen(cfg)
                 if archived:
                     print(archived)
             else:
                 opened = RunDir.create(run_dir, cfg)
+                try:
+                    tracking = Tracking.start(cfg, opened, metric, resumed)
+                except MpiflError:
+                    opened.unmake()
+                    raise
             if watch is not None:
                 watch.run_dir = opened
             if opened.lock is None:
@@ -215,6 +225,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         def check_shared():  # each client rank writes its part of every checkpoint there
             blind = [rank for rank, digest in enumerate(seen) if digest != seen[0]]
             if blind:
+                tracking.abandon()
                 if comm.rank == 0 and not resume:
                     opened.unmake()
                 raise MpiflError(f"--out {run_dir} is not on a file system that every node shares: "
@@ -226,7 +237,7 @@ def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
         held = opened or RunDir(run_dir)  # a client rank's writes its checkpoint files into the directory it opened
         if host is not None:
             host.run_dir = held
-        _serve_or_host(cfg, comm, session, host, held, resumed, stop, layout)
+        _serve_or_host(cfg, comm, session, host, held, resumed, stop, layout, tracking)
         if comm.rank == 0 and resume and cfg.holdout:
             _refresh_fold_table(run_dir, cfg.holdout, session.manifest.domains)
     finally:
@@ -247,8 +258,9 @@ def _refresh_fold_table(run_dir: Path, holdout: str, domains: list[str]) -> None
 
 
 def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHost | None, run_dir: RunDir,
-                   resumed: Checkpoint | None, stop: StopRequest, layout: NodeLayout) -> None:
-    """This rank's role in the run; a failure ends the whole job, a stop signal exits with 75."""
+                   resumed: Checkpoint | None, stop: StopRequest, layout: NodeLayout, tracking: Tracking) -> None:
+    """This rank's role in the run (rank 0's with its live trackers); a failure ends the whole job, a stop signal
+    exits with 75."""
     # where each rank runs, so the log maps a pid that the kernel or the launcher names to a rank
     where = f"pid {os.getpid()}" + (f" thread {threading.current_thread().name}" if comm.in_process else "")
     threads = torch.get_num_threads()
@@ -262,7 +274,7 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
             processes = [(line, count) for line, count, *_ in ranks]
             folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks],
                                  [busy for _, _, busy, _ in ranks])
-            stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes, folds)
+            stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes, folds, tracking)
         else:
             host.run()
             stopped_by = host.stopped

@@ -33,6 +33,16 @@ def parse_transforms(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none")
 
 
+#: ``--track``: where rank 0 sends the run's records while it goes on (mpifl.server.tracking)
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+
+def parse_track(text: str) -> tuple[str, ...]:
+    """``--track``: ``"mlflow, tensorboard"`` -> ("mlflow", "tensorboard"), each once, in the given order; "" or "none"
+    -> ()."""
+    return tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none"))
+
+
 #: ``--select-by``: the rule choosing a run's best round (mpifl.server.run_log.summary_rows); auto = the method's
 SELECT_BY = ("auto", "val-mean", "local-val")
 
@@ -120,6 +130,7 @@ class RunConfig:
     ckpt_every: int = 0
     round_timeout: float = 0.0
     peer_timeout: float = 60.0  # seconds of silence after which a peer is lost (mpifl.transport.liveness)
+    track: str = "none"  # live trackers, a comma list of TRACKERS (parse_track)
     preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
     algo_options: dict = field(default_factory=dict)
 
@@ -143,7 +154,7 @@ class RunConfig:
 #: option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the command
 #: line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these.
 RESUMABLE = ("rounds", "data_root", "device", "threads", "fold_threads", "eval_batch_size", "stream_above",
-             "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic")
+             "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic", "track")
 
 
 #: The type of each option every run has (one that defaults to None takes a string)
@@ -312,6 +323,8 @@ def check(cfg: RunConfig) -> None:
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
         (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
         (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),
+        (all(t in TRACKERS for t in parse_track(cfg.track)),
+         f"--track takes a comma list of {', '.join(TRACKERS)} (or none)"),
     ]
     for ok, message in rules:
         if not ok:

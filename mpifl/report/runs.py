@@ -2,7 +2,7 @@
 
 Runs that differ only in the seed (and in how they ran: output directory,
 device, threads, data root, evaluation batch size, streaming threshold,
-checkpoint interval, timeout, ``--compile``, ``--channels-last``) are one
+checkpoint interval, timeout, ``--compile``, ``--channels-last``, ``--track``) are one
 *configuration*; the report averages
 their numbers.  Leave-one-domain-out folds (``--holdout all`` writes
 ``<out>/holdout-<domain>/``) that share everything else are one
@@ -28,7 +28,7 @@ from mpifl.server.run_log import metric_of, read_records, selection_of, summary_
 #: config keys that do not change what a run computes: ignored when grouping runs into configurations
 IGNORED_KEYS = ("seed", "out", "device", "threads", "fold_threads", "data_root", "eval_batch_size", "stream_above",
                 "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "compile", "channels_last",
-                "gpu_buffers")
+                "gpu_buffers", "track")
 
 
 @dataclass

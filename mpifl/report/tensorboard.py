@@ -1,12 +1,8 @@
 """TensorBoard scalars of runs, per round (``python -m mpifl.report ... --tensorboard``).
 
-One event directory per run, ``<out>/tensorboard/<run>``, step = round:
-
-* ``<kind>/test_acc/<domain>``, ``<kind>/test_loss/<domain>``,
-  ``<kind>/val_acc/<domain>`` (``<domain>`` ``mean`` too; accuracies in %;
-  kind = global or personal; ``dice`` in place of ``acc`` for a segmentation run) on evaluation rounds;
-* ``train/loss``, ``train/acc`` (%), ``bytes/<down|up|wire_down|wire_up>``,
-  ``seconds/<round|compute|...>`` every round.
+One event directory per run, ``<out>/tensorboard/<run>``, step = round, the scalars named as
+:mod:`mpifl.server.scalars` names them (``train/loss``, ``global/test_acc/mean``, ``bytes/down``,
+``seconds/round``, ...): the names ``--track tensorboard`` gives them while the run goes on.
 
 Needs the ``tensorboard`` package (``pip install 'mpifl[tensorboard]'``),
 used through ``torch.utils.tensorboard``; without it :func:`write_tensorboard`
@@ -21,6 +17,7 @@ from pathlib import Path
 
 from mpifl.errors import MpiflError
 from mpifl.report.runs import Run
+from mpifl.server.scalars import scalars as record_scalars
 
 MISSING = ("--tensorboard needs the tensorboard package, which is not installed; install it with "
            "`pip install 'mpifl[tensorboard]'` (or `pip install tensorboard`), or leave out --tensorboard")
@@ -31,28 +28,9 @@ def available() -> bool:
 
 
 def scalars(run: Run) -> list[tuple[str, float, int]]:
-    """(tag, value, round) of every scalar of a run, in round order."""
-    out = []
-    score = run.metric  # acc, or dice for a segmentation run
-    for record in run.records:
-        step = int(record["round"])
-        train = record.get("train", {})
-        if "loss" in train:
-            out.append(("train/loss", float(train["loss"]), step))
-        if score in train:
-            out.append((f"train/{score}", 100 * float(train[score]), step))
-        out += [(f"bytes/{k}", float(v), step) for k, v in record.get("bytes", {}).items()]
-        out += [(f"seconds/{k}", float(v), step) for k, v in record.get("seconds", {}).items()]
-        for kind, splits in record.get("eval", {}).items():
-            for split, metrics in (("test", (score, "loss")), ("val", (score,))):
-                scores = splits.get(split, {})
-                per_domain = {"mean": scores.get("mean", {}), **scores.get("domains", {})}
-                for domain, values in per_domain.items():
-                    for metric in metrics:
-                        if metric in values:
-                            scale = 100 if metric == score else 1
-                            out.append((f"{kind}/{split}_{metric}/{domain}", scale * float(values[metric]), step))
-    return out
+    """(tag, value, round) of every scalar of a run, in round order (:func:`mpifl.server.scalars.scalars`)."""
+    return [(tag, value, int(record["round"])) for record in run.records
+            for tag, value in record_scalars(record, run.metric).items()]
 
 
 def write_tensorboard(runs: list[Run], out: Path, names: list[str] | None = None) -> list[Path]:

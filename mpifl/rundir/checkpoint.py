@@ -66,13 +66,14 @@ class Checkpoint:
     # optional, so that a meta.json of format 4 written before them still loads (None: not recorded)
     data: dict | None = None  # the data build trained on (mpifl.data.manifest.build_of)
     threads: list[int] | None = None  # each client rank's torch threads
+    tracking: dict[str, str] | None = None  # --track: each tracker's run, which a resumed run continues
     # not in meta.json: the server's state as verify read it (rank 0, before the run writes), until load_server
     server: ServerState | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "round": self.round, "clients": self.clients,
                 "ranks": {str(k): v for k, v in self.ranks.items()}, "pending": self.pending,
-                "identity": self.identity, "data": self.data, "threads": self.threads,
+                "identity": self.identity, "data": self.data, "threads": self.threads, "tracking": self.tracking,
                 "files": {name: {"bytes": f.nbytes, "sha256": f.sha256} for name, f in self.files.items()}}
 
 
@@ -207,7 +208,8 @@ def _parse(path: Path) -> Checkpoint:
                           identity=dict(raw["identity"]), ranks={int(k): list(v) for k, v in raw["ranks"].items()},
                           files={name: FileRecord(int(f["bytes"]), str(f["sha256"]))
                                  for name, f in raw["files"].items()},
-                          data=raw.get("data"), threads=raw.get("threads"))
+                          data=raw.get("data"), threads=raw.get("threads"),
+                          tracking={str(k): str(v) for k, v in (raw.get("tracking") or {}).items()} or None)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UnusableCheckpoint(f"checkpoint {path} lacks or garbles {exc}") from None
 

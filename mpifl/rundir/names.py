@@ -17,6 +17,7 @@ SUMMARY_MD = "summary.md"  # the same as a table; under --holdout all, the fold 
 CHECKPOINT = "checkpoint"  # the last complete checkpoint (below)
 TRACEBACKS = "traceback-rank*.txt"  # a bug's traceback, one file per failed rank (traceback_file)
 ATTEMPTS = "attempts"  # a resumed run's earlier attempts: attempts/<k>/ holds the k-th one's tracebacks
+TRACKING = "tracking"  # --track: what the live trackers write by default (mpifl.server.tracking)
 HOLDOUT_FOLD = "holdout-{domain}"  # --holdout all: one fold run per domain, beside its SUMMARY_MD
 TMP = ".tmp"  # suffix of a file being written; renamed over its name once complete
 # Inside CHECKPOINT (mpifl.rundir.checkpoint): which round is complete, and per round R the server's file and one
@@ -30,7 +31,7 @@ ADOPTED_MEMBER = "adopted.pt"
 
 #: What a run writes into its directory: the names above (``--holdout all``: a folder of fold runs and their table).
 RUN_FILES = (CONFIG, METRICS, LOG, SUMMARY_CSV, SUMMARY_MD, CHECKPOINT, TRACEBACKS, HOLDOUT_FOLD.format(domain="*"),
-             CONFIG + TMP, METRICS + TMP, ATTEMPTS)
+             CONFIG + TMP, METRICS + TMP, ATTEMPTS, TRACKING)
 #: What marks a directory as one run's own: its first file, its records, its checkpoints, a live run's claim.
 RUN_MARKS = (CONFIG, METRICS, CHECKPOINT, LOCK_NAME)
 

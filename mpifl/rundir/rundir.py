@@ -13,6 +13,7 @@ import fnmatch
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..plan.config import RunConfig
 from . import checkpoint
 from .directory import check_alone, claim, default_run_dir, run_files
 from .files import Folder
-from .names import ATTEMPTS, CONFIG, LOG, METRICS, SUMMARY_CSV, SUMMARY_MD, TRACEBACKS, traceback_file
+from .names import ATTEMPTS, CONFIG, LOG, METRICS, SUMMARY_CSV, SUMMARY_MD, TRACEBACKS, TRACKING, traceback_file
 
 
 class RunDir(Folder):
@@ -104,9 +105,10 @@ class RunDir(Folder):
                 raise self.failed(LOCK_NAME, exc) from None
 
     def unmake(self) -> None:
-        """Undo :meth:`create` for a run refused right after it (its ``config.json``, its claim, the folders it
-        made while they are empty)."""
+        """Undo :meth:`create` for a run refused right after it (its ``config.json``, what its live trackers began,
+        its claim, the folders it made while they are empty)."""
         (self.path / CONFIG).unlink(missing_ok=True)
+        shutil.rmtree(self.path / TRACKING, ignore_errors=True)
         self.release()
         for folder in self.made:
             try:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -108,11 +109,13 @@ def metric_of(records: list[dict]) -> str:
 
 
 class MetricsLog:
-    """Appends round records in order and writes the summaries at the end, into ``run_dir``."""
+    """Appends round records in order and writes the summaries at the end, into ``run_dir``; ``on_record`` is
+    handed each record written (a resumed run's kept records too), e.g. the live trackers' (``--track``)."""
 
     def __init__(self, run_dir: RunDir, kinds: tuple[str, ...], domains: list[str], holdout: str | None = None,
-                 selection: str = "val-mean", metric: str = "acc"):
+                 selection: str = "val-mean", metric: str = "acc", on_record: Callable[[dict], None] | None = None):
         self.run_dir = run_dir
+        self.on_record = on_record or (lambda record: None)
         self.kinds = kinds
         self.domains = domains  # source domains
         self.holdout = holdout
@@ -134,6 +137,8 @@ class MetricsLog:
         self.run_dir.check()  # before reading: what is at the path may be another run's
         self.records = [r for r in read_records(self.run_dir.path / METRICS) if r["round"] <= last]
         self.run_dir.rewrite_records(self.records)
+        for record in self.records:
+            self.on_record(record)
         if pending:
             pending.pop("eval", None)
             self.add_round(pending, awaits_eval=evaluated)
@@ -154,6 +159,7 @@ class MetricsLog:
     def _write(self, record: dict) -> None:
         self.run_dir.append_record(record)
         self.records.append(record)
+        self.on_record(record)
 
     def last_mean_acc(self) -> tuple[int | None, float | None]:
         """(round, mean test accuracy) of the newest evaluated round; (None, None) before the first."""

@@ -18,14 +18,19 @@ from ..transport.comm import Comm
 from .progress import Progress
 from .run_log import MetricsLog
 from .server import Server
+from .tracking.live import Tracking
+from .tracking.tracker import FINISHED, STOPPED
 
 
 def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed: Checkpoint | None,
-          stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool]) -> str | None:
+          stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool],
+          tracking: Tracking | None = None) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
     (pid, host and threads for the log, torch threads); ``fold_threads``: the cores that fold the uploads (this
     process and helper processes), and whether they fold behind rank 0's receives
-    (:func:`~mpifl.transport.topology.fold_threads`)."""
+    (:func:`~mpifl.transport.topology.fold_threads`); ``tracking``: the live trackers (``--track``), started,
+    which get every record and are ended here."""
+    tracking = tracking or Tracking([])
     threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
     log_lines = [f"mpifl {__version__}: {cfg.algo} on {cfg.data} ({n_clients} clients, "
@@ -59,7 +64,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
     run_dir.log("".join(line + "\n" for line in log_lines))  # at once: a job killed later still leaves who ran where
     progress = Progress(cfg.rounds, metric=session.algo.task.metric)
     metrics = MetricsLog(run_dir, session.algo.evaluates, session.source_domains, cfg.holdout,
-                         session.algo.selection, session.algo.task.metric)
+                         session.algo.selection, session.algo.task.metric, on_record=tracking.record)
     if resumed:
         metrics.resume(resumed.round, resumed.pending,
                        evaluated=RoundProtocol(session).evaluates_round(resumed.round))
@@ -70,17 +75,19 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
                                       f"mean test {session.algo.task.metric} {acc:.4f} (round {evaluated})\n"))
 
     with folds:
-        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds)
+        server = Server(session, comm, metrics, on_round, run_dir, resumed, stop, threads, folds, tracking.runs)
         server.run()
     if server.stopped_by:
         line = (f"mpifl: stopped by {server.stopped_by} after round {server.stopped_after}; checkpoint in "
                 f"{run_dir.path / CHECKPOINT}; continue with --resume {run_dir.path}")
         _err(line)
         run_dir.log(line + "\n")
+        tracking.finish(STOPPED)
         return server.stopped_by
     summary = metrics.write_summary()
     print(summary)
     run_dir.log(summary)
+    tracking.finish(FINISHED)
     return None
 
 

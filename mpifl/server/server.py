@@ -62,10 +62,11 @@ class Server:
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
                  on_round: Callable[[int, int | None, float | None], None], run_dir: RunDir,
                  resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None,
-                 folds: FoldWorkers = SERIAL):
+                 folds: FoldWorkers = SERIAL, tracked: dict[str, str] | None = None):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
         self.threads = threads  # each client rank's torch threads, for the checkpoints
+        self.tracked = tracked  # each live tracker's run (--track), for the checkpoints
         self.algo = session.algo
         self.protocol = RoundProtocol(session, start=resumed.round if resumed else 0)
         self.state = load_server(run_dir.path, resumed) if resumed else self.algo.init_server(session.initial)
@@ -110,7 +111,8 @@ class Server:
                 self.run_dir.commit(Checkpoint(round=r - 1, clients=len(self.session.clients), pending=pending,
                                                ranks={h + 1: ids for h, ids in enumerate(self.session.placement)},
                                                identity=identity(self.session.cfg), files=files,
-                                               data=build_of(self.session.manifest), threads=self.threads))
+                                               data=build_of(self.session.manifest), threads=self.threads,
+                                               tracking=self.tracked))
             if header.action == STOP:
                 self.stopped_by, self.stopped_after = self.stop.describe(), r - 1
                 break
