@@ -104,7 +104,8 @@ from .plan.config import RunConfig
 from .plan.placement import place_clients
 from .plan.seeding import seed_model_init
 from .process.world import own_mpirun
-from .rundir.names import METRICS
+from .rundir.names import LOG, METRICS
+from .server.tracking.live import check_installed, tracking_cost
 from .session.session import Session, make_session
 
 
@@ -199,6 +200,17 @@ def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_
         how = "in one process" if client_ranks is None else f"with {client_ranks} client rank(s)"
         raise MpiflError(f"the benchmark's run of mpifl.run {how} failed (exit {proc.returncode}): {said[0]}")
     return [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+
+
+def tracking_summary(rounds: list[dict], costs: list[dict | None], untracked: float) -> dict:
+    """Tracked runs' median seconds per round against the untracked ones' (``untracked``), and what their
+    ``log.txt`` says tracking cost per record (one a round: :func:`~mpifl.server.tracking.live.tracking_cost`),
+    the median over the runs, summed as a share of an untracked round."""
+    seconds = statistics.median(r["seconds"]["round"] for r in rounds)
+    known = [c for c in costs if c]
+    cpu = {name: statistics.median(c.get(name, 0.0) for c in known) for name in known[0]} if known else {}
+    return {"seconds_per_round": seconds, "ratio_to_untracked": seconds / untracked, "cpu": cpu,
+            "share_of_round": sum(cpu.values()) / untracked}
 
 
 def run_arguments(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int, lr: float,
@@ -476,7 +488,7 @@ def write_new(target: ResultFile, text: str) -> Path:
 CASE_OPTIONS = {
     "cross-silo": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
                    "device", "rounds", "repeats", "local_epochs", "batch_size", "lr", "threads", "algo",
-                   "eval_every", "mpirun", "fold_threads"),
+                   "eval_every", "mpirun", "fold_threads", "track"),
     "many-clients": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
                      "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
                      "private_memory", "mpirun"),
@@ -696,13 +708,17 @@ class BenchCommand(click.Command):
                    "--fold-threads, rank 0's, one count (default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")
+@click.option("--track", default=None,
+              help="cross-silo: also run each way over MPI with mpifl.run's --track TRACKERS, in turn with the "
+                   "untracked runs, and report its seconds per round beside them and the trackers' CPU per round "
+                   "(from each run's log.txt) as a share of a round")
 @click.option("--json-out", default=None,
               help="a new file for the results (one that exists is refused), or a folder to make a new "
                    "<case>-<time>.json in (default: runs/bench under the working folder)")
 @click.pass_context
 def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
-         fold_threads, fold_clients, fold_mb, json_out):
+         fold_threads, fold_clients, fold_mb, track, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
     memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  Every option is
     checked before anything runs; the table is printed, then the results go into a new JSON file."""
@@ -750,9 +766,12 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     folds = comma_list("--fold-threads", fold_threads or "0", whole_number(0),
                        "--case cross-silo passes mpifl.run one count: give one, >= 0 (0: automatic)", most=1)
     extra = ("--algo", algo, "--fold-threads", str(folds[0]))
+    tracked_extra = (*extra, "--track", track) if track else None
     session = checked_session(run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
-                                            clients_per_domain, samples_per_client, device, eval_every, extra),
-                              ranks[-1])
+                                            clients_per_domain, samples_per_client, device, eval_every,
+                                            tracked_extra or extra), ranks[-1])
+    if track:
+        check_installed(session.cfg)
     target = result_file(json_out, case, started)
     model_name = session.cfg.model  # "auto" resolved
     cores = len(os.sched_getaffinity(0))
@@ -762,6 +781,7 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     session_args = (data_root, data, model_name, clients_per_domain, samples_per_client, algo)
     sizes = [c.num_train for c in session.clients]
     bare, sims, in_process, placed = [], {k: [] for k in ranks}, [], {k: [] for k in ranks[1:]}
+    tracked, costs = {k: [] for k in ranks}, {k: [] for k in ranks}  # --track: rounds, tracking_cost of each run
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
@@ -773,6 +793,12 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
                                             device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, extra, mpirun)[1:]
+                if track:
+                    out = Path(tmp) / f"ranks{k}-{repeat}-tracked"
+                    tracked[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain,
+                                                   samples_per_client, device, out, eval_every, tracked_extra,
+                                                   mpirun)[1:]
+                    costs[k].append(tracking_cost((out / LOG).read_text()))
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
                                            samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
                                            extra)[1:]
@@ -822,6 +848,9 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                                for k, v in sims.items()},
                             "in_process": wire_bytes(session, in_process[-1]["bytes"], 1, last_evaluated)},
     }
+    if track:
+        result["tracking"] = {"track": track, **{f"{k}_ranks": tracking_summary(tracked[k], costs[k], sim_s[k])
+                                                 for k in ranks}}
     lines = [(f"{model_name} on {data}: {len(sizes)} clients, {sum(sizes)} training samples, {local_epochs} local "
               f"epoch(s), batch {batch_size}; {bare_device}, {cores} cores, threads per process: "
               f"{threads or 'auto'}; median of {len(bare)} rounds each")]
@@ -842,6 +871,12 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                  f"ratio to bare {one_process / bare_s:5.3f}")
     for k, v in split.items():
         lines.append(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
+    for k in ranks if track else ():
+        summary = result["tracking"][f"{k}_ranks"]
+        lines.append(f"  --track {track}, {k} client rank(s): {summary['seconds_per_round']:.3f} s/round, "
+                     f"{summary['ratio_to_untracked']:5.3f}x untracked; CPU per round of the round loop and the "
+                     "trackers' threads " + ", ".join(f"{n} {1000 * s:.1f} ms" for n, s in summary["cpu"].items())
+                     + f": {summary['share_of_round']:.2%} of an untracked round")
     if on_gpu:
         for k in ranks:
             peaks = result["peak_gpu_bytes_per_client_rank"][f"{k}_ranks"]

@@ -290,3 +290,13 @@ def test_the_runs_are_checked_as_mpifl_run_makes_them_model_auto_resolved(data_r
                                                         "cpu"), 2)
     assert session.cfg.model == "digitmodel" and len(session.clients) == 10
     assert [c.num_train for c in session.clients] == [8] * 10
+
+
+def test_tracking_is_summed_per_round_and_set_against_an_untracked_round():
+    rounds = [{"seconds": {"round": s}} for s in (2.0, 2.2, 2.1)]
+    costs = [{"round loop": 1e-4, "mlflow": 0.008, "tensorboard": 0.0005},
+             {"round loop": 3e-4, "mlflow": 0.010, "tensorboard": 0.0007}, None]  # None: a run whose log has none
+    summary = bench.tracking_summary(rounds, costs, untracked=2.0)
+    assert summary["seconds_per_round"] == 2.1 and summary["ratio_to_untracked"] == pytest.approx(1.05)
+    assert summary["cpu"] == pytest.approx({"round loop": 2e-4, "mlflow": 0.009, "tensorboard": 0.0006})
+    assert summary["share_of_round"] == pytest.approx((2e-4 + 0.009 + 0.0006) / 2.0)

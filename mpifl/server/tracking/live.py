@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -44,7 +45,22 @@ QUEUE_CALLS = 256  # a tracker this many calls (rounds) behind the run is droppe
 FINISH_SECONDS = 60.0  # the end of a finished run waits this long at most for its report and its trackers
 STOP_SECONDS = 5.0  # and of a stopped run, for its trackers
 REPORT = "report"  # inside the run's tracking folder: what python -m mpifl.report wrote at the end
+COST_PER_RECORD = "CPU per record in each tracker's thread: "  # in log.txt's tracking line (tracking_cost)
 RECORD, END = "record", "end"  # the kinds of a tracker's calls: a round's record, and the end of the run
+
+
+def tracking_cost(log_text: str) -> dict[str, float] | None:
+    """What the last ``tracking:`` line of a run's ``log.txt`` (:meth:`Tracking.finish`) says tracking cost, in
+    seconds per record: the round loop's (``round loop``) and each tracker thread's CPU, by tracker; None when the
+    run was not tracked."""
+    lines = [line for line in log_text.splitlines() if line.startswith("tracking: ") and COST_PER_RECORD in line]
+    if not lines:
+        return None
+    handed, loop = re.search(r"^tracking: (\d+) records? handed to the trackers in ([\d.]+) ms", lines[-1]).groups()
+    threads = lines[-1].split(COST_PER_RECORD, 1)[1].split("; ending", 1)[0]
+    cost = {"round loop": float(loop) / 1000 / max(1, int(handed))}
+    cost.update((name, float(ms) / 1000) for name, ms in re.findall(r"(\w+) ([\d.]+) ms", threads))
+    return cost
 
 
 def check_installed(cfg: RunConfig) -> None:
@@ -130,8 +146,8 @@ class Tracking:
         per_record = ", ".join(f"{w.tracker.name} {1000 * w.cpu[RECORD] / max(1, w.calls_done[RECORD]):.1f} ms"
                                for w in self.workers)
         self._log(f"tracking: {self.handed} record{'s' * (self.handed != 1)} handed to the trackers in "
-                  f"{1000 * self.handing:.1f} ms of the round loop; CPU per record in each tracker's thread: "
-                  f"{per_record}; ending them took {time.monotonic() - started:.1f} s"
+                  f"{1000 * self.handing:.1f} ms of the round loop; {COST_PER_RECORD}{per_record}; ending them "
+                  f"took {time.monotonic() - started:.1f} s"
                   + (" (the report's included)\n" if status == FINISHED else "\n"))
 
     def _files(self, deadline: float) -> dict[str, Path]:
