@@ -22,6 +22,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .shared_memory import forget_segments
+
 # what launchers say of the job: its size and this process's rank (Open MPI, MPICH's Hydra and Intel MPI
 # (PMI), PMIx, MVAPICH2, a Slurm job step; not SLURM_NTASKS, which an sbatch script sets for one process too).
 # The innermost launcher speaks first: an MPI launcher's word over that of the Slurm job step it may run in.
@@ -45,10 +47,20 @@ def launched_world() -> tuple[int, int]:
     """(rank, size) of the MPI world this process was launched in; (0, 1) without a launcher or without MPI (no
     mpi4py, or an mpi4py that finds no MPI library: a launcher's job is refused by :func:`launcher_mismatch`)."""
     try:
-        from mpi4py import MPI
+        MPI = _mpi()
     except Exception:  # noqa: BLE001: mpi4py 4 raises RuntimeError where it finds no MPI library
         return 0, 1
     return MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+
+def _mpi():
+    """mpi4py's MPI, started (importing it starts the library); a world of one unlinks the library's shared-memory
+    files at once, as no other process will open them (Open MPI's would outlive it: :mod:`.shared_memory`)."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.size == 1:
+        forget_segments()
+    return MPI
 
 
 def launcher_size() -> tuple[int, str]:
@@ -103,7 +115,7 @@ def launcher_mismatch() -> Refusal | None:
     try:
         with warnings.catch_warnings():  # mpi4py's own 'suspicious MPI execution environment', said better here
             warnings.simplefilter("ignore", RuntimeWarning)
-            from mpi4py import MPI
+            MPI = _mpi()
     except Exception as exc:  # noqa: BLE001: a broken install says why in its own words
         return Refusal(f"mpifl: error: {said}, but {_no_mpi(exc)}, or on a cluster build mpi4py against the site "
                        "MPI (pip install --no-binary=mpi4py mpi4py)", rank == 0)

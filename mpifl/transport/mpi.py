@@ -63,6 +63,7 @@ import torch
 from mpi4py import MPI
 
 from ..process.abort import abort_world
+from ..process.shared_memory import MPICH_NODE, forget_segments
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .liveness import Heartbeats
@@ -399,11 +400,13 @@ class MpiComm(Comm):
 
     # -------------------------------------------------------------- topology
     def node_layout(self) -> NodeLayout:
-        """The world ranks that share this rank's node (an MPI shared-memory split)."""
+        """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them, the
+        rank unlinks MPICH's shared-memory file of the node: nothing of it is left however the job ends."""
         mine = affinity()
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
         local.Free()
+        forget_segments(MPICH_NODE)
         ranks = tuple(sorted(everyone))
         clients = tuple(r for r in ranks if r != 0)
         sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1

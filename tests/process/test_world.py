@@ -15,7 +15,11 @@ import pytest
 from mpifl.process.world import (LAUNCHER_RANK, LAUNCHER_SIZE, PMI_VARIABLES, forget_inherited_launcher,
                                  launched_world, launcher_mismatch, launcher_rank, launcher_size)
 
-from ..conftest import AS_ROOT, REPO, mpirun_command, mpirun_path, open_mpi
+from ..conftest import AS_ROOT, REPO, mpirun_command, mpirun_path, open_mpi, private_shm, run_in_process
+
+#: what a PMIx launcher (Open MPI's prterun, srun --mpi=pmix) gives a process it starts: how it reaches the server
+PMIX_LINK = {"PMIX_SERVER_URI41": "prterun-node1-812@0.0;tcp4://127.0.0.1:1"}
+
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""
@@ -212,3 +216,17 @@ def test_under_mpirun_without_an_mpi_library_the_job_is_refused_in_one_line(pyth
     assert lines[0].startswith("mpifl: error: started as one of 2 processes (") and not out.exists()
     assert "mpi4py finds no usable MPI library (cannot load MPI library); install one (pip install mpich)" in lines[0]
     assert "pip install --no-binary=mpi4py mpi4py" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_process_that_starts_mpi_without_a_launcher_leaves_no_shared_memory(data_root, tmp_path):
+    """Under Open MPI a process that starts MPI alone (no launcher's daemon to remove it) left its 16 MB
+    sm_segment in /dev/shm, even on exit 0: --show-manifest, a one-process run, a launcher of another MPI refused."""
+    if not private_shm():
+        pytest.skip("needs a /dev/shm of the test's own (root: tests/conftest.py private_shm)")
+    prefix = tuple(private_shm(report=True))
+    shown = run_in_process("--data-root", str(data_root), "--show-manifest", prefix=prefix)
+    assert shown.returncode == 0 and shown.left_in_shm() == [], shown.stderr
+    other = {**_without_launcher(), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "0", **PMIX_LINK}
+    refused = run_in_process("--rounds", "1", env=other, cwd=tmp_path, prefix=prefix)
+    assert refused.returncode == 2 and refused.left_in_shm() == [], refused.stderr
