@@ -50,7 +50,7 @@ from ..rundir.rundir import RunDir, write_fold_table
 from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
 from ..session.session import Session, make_session, read_labels
-from ..transport.comm import Comm
+from ..transport.comm import Comm, TimedOut
 from ..transport.inprocess import run_threads
 from ..transport.topology import NodeLayout, affinity, fold_threads
 
@@ -321,7 +321,12 @@ def collectively(comm: Comm, run_dir: Callable[[], RunDir | None], step: Callabl
             error = (str(exc), exc.exit_code)
         except Exception as exc:
             error = (_crash_line(comm.rank, exc, run_dir()), 1)
-    comm.arrive("the other ranks to finish setting up")
+    try:
+        comm.arrive("the other ranks to finish setting up")
+    except TimedOut as exc:  # a --round-timeout shorter than the set-up: the first rank to give up says so
+        _err(f"mpifl: error: timed out after {exc.seconds:g} s waiting for {comm.describe(exc.missing)} to finish "
+             "setting up: --round-timeout must exceed the set-up and the longest round; raise it (0: no limit)")
+        comm.abort(exc.exit_code)
     errors = comm.allgather_object(error)
     failed = [(rank, e) for rank, e in enumerate(errors) if e]
     if failed:

@@ -33,6 +33,14 @@ from .topology import NodeLayout
 from .wire import Buffer
 
 
+class TimedOut(MpiflError):
+    """A rank gave up waiting (``--round-timeout``): it waited ``seconds`` for the ranks ``missing``."""
+
+    def __init__(self, message: str, seconds: float, missing: list[int]):
+        super().__init__(message)
+        self.seconds, self.missing = seconds, missing
+
+
 class Comm:
     """A world of ``size`` ranks as seen from ``rank`` (0 is the server)."""
 
@@ -56,11 +64,11 @@ class Comm:
         """The host rank ``rank`` runs on."""
         return self.peers[rank].split(" on ", 1)[1].split(",")[0]
 
-    def timed_out(self, what: str, missing: list[int]) -> MpiflError:
+    def timed_out(self, what: str, missing: list[int]) -> TimedOut:
         """The one line of a rank that waited ``timeout`` seconds for ``missing``."""
-        return MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: {self.describe(missing)} "
-                          "stopped answering (hung, or stuck on a file system); raise --round-timeout if "
-                          "a round can take that long")
+        return TimedOut(f"timed out after {self.timeout:g} s waiting for {what}: {self.describe(missing)} "
+                        "stopped answering (hung, or stuck on a file system); raise --round-timeout if "
+                        "a round can take that long", self.timeout, missing)
 
     # ------------------------------------------------------------ the round's bytes
     def arrive(self, what: str) -> None:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ..conftest import AS_ROOT, REPO, Job, launch, mpirun_command, open_mpi, run_in_process
+from ..conftest import AS_ROOT, REPO, Job, launch, mpirun_command, open_mpi, run_here, run_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,17 @@ def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_ho
     assert f"timed out after {waited} s waiting" in errors[0]
     assert f": rank {hung} (pid {pids(run)[hung]} on {socket.gethostname()}) stopped answering" in errors[0]
     assert "Traceback" not in job.stderr and job.left_in_shm() in ([], None)
+
+
+def test_a_round_timeout_shorter_than_the_set_up_is_a_user_error_in_one_line(data_root, tmp_path):
+    """--round-timeout 0.01: the server gives up while the client host still sets up.  Before: a traceback (in one
+    process) or 'rank 0 failed while starting: MpiflError ... at mpi.py:157' (under mpirun), exit 1."""
+    job = run_here(*_args(data_root, tmp_path / "r", *SMALL, "--round-timeout", "0.01"))
+    assert job.returncode == 2 and job.stderr.splitlines() == [
+        f"mpifl: error: timed out after 0.01 s waiting for rank 1 (pid {os.getpid()} on {socket.gethostname()}, "
+        "thread mpifl-rank-1) to finish setting up: --round-timeout must exceed the set-up and the longest round; "
+        "raise it (0: no limit)"], job.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_with_its_host(data_root, tmp_path):
