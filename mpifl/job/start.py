@@ -247,6 +247,11 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
             processes = [(line, count) for line, count, *_ in ranks]
             folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks],
                                  [busy for _, _, busy, _ in ranks])
+            if cfg.fold_threads > folds[0]:
+                line = (f"mpifl: warning: --fold-threads {cfg.fold_threads} is more than the {folds[0]} cores rank 0 "
+                        f"may run on: it folds on {folds[0]}")
+                _err(line)
+                run_dir.log(line + "\n")
             stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes, folds)
         else:
             host.run()
