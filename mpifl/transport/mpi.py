@@ -50,10 +50,11 @@ Three properties matter beyond moving bytes:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import ctypes
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NoReturn
@@ -64,6 +65,7 @@ from mpi4py import MPI
 
 from ..process.abort import abort_world
 from ..process.shared_memory import MPICH_NODE, forget_segments
+from ..process.world import loaded_libmpi
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .liveness import Heartbeats
@@ -367,12 +369,32 @@ class MpiComm(Comm):
                     "noticed (--peer-timeout has no effect)")
         self._heartbeats = Heartbeats(self.comm.Dup(), timeout, on_lost, on_end)
         self._heartbeats.start()
-        atexit.register(self._heartbeats.stop)  # before mpi4py finalizes MPI
         return None
 
     def end_job(self) -> None:
         if self._heartbeats is not None:
             self._heartbeats.end_job()
+
+    def goodbye(self) -> list[int]:
+        return self._heartbeats.goodbye() if self._heartbeats is not None else []
+
+    def finalize(self, seconds: float | None, overdue: Callable[[], None]) -> None:
+        """``MPI_Finalize``, called through the C library (ctypes) where this process has it loaded: mpi4py's
+        ``Finalize`` holds Python's GIL while MPI finalizes, so no thread could act on a finalization that waits for
+        a node lost meanwhile; here ``overdue()`` runs on a thread of its own after ``seconds``."""
+        if MPI.Is_finalized():
+            return
+        library = loaded_libmpi()
+        if seconds is None or library is None:
+            MPI.Finalize()
+            return
+        deadline = threading.Timer(seconds, overdue)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            ctypes.CDLL(library).MPI_Finalize()
+        finally:
+            deadline.cancel()
 
     def abort(self, code: int) -> NoReturn:
         abort_world(code)
