@@ -140,8 +140,6 @@ def link_up(host: str) -> bool:
 # ------------------------------------------------------------------ start, stop, status
 
 def start(n: int) -> None:
-    if os.geteuid() != 0:
-        raise Refusal("run as root (network namespaces)")
     if names():
         if len(names()) == n and status(quiet=True) == 0:
             if not broker_alive():
@@ -434,6 +432,9 @@ def main(argv: list[str]) -> int:
         return ssh(argv[1:])
     verb, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
     one_host = {"kill", "cut", "mend", "procs", "bytes"}
+    if verb in {"start", "stop", "kill", "cut", "mend"} and os.geteuid() != 0:  # before the state folder's lock
+        raise Refusal(f"'{verb}' needs root (network namespaces): run it as root (sudo launch/hosts.py "
+                      f"{' '.join(argv[1:])})")
     if verb == "start" and len(args) <= 1 and (not args or args[0].isdigit() and 1 <= int(args[0]) <= 9):
         with exclusive():
             start(int(args[0]) if args else 2)

@@ -136,6 +136,18 @@ def wait_for(condition, seconds: float, what: str):
     return found
 
 
+def test_changing_the_hosts_as_another_user_is_refused_in_one_line():
+    """Was a 14-line PermissionError (the state folder's lock, before the check for root)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root, to run the command as another user (setpriv)")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(HOSTS)]
+    for args in (["start", "2"], ["cut", "node2"]):
+        refused = subprocess.run([*nobody, *args], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and refused.stderr.splitlines() == [
+            f"hosts: error: '{args[0]}' needs root (network namespaces): run it as root (sudo launch/hosts.py "
+            f"{' '.join(args)})"], refused.stderr
+
+
 # ---------------------------------------------------------------- what the emulation gives
 
 def test_each_host_is_a_node_of_its_own(up, tmp_path):
