@@ -88,11 +88,20 @@ class Job:
         streams are joined on a line break."""
         return [l for l in (self.stdout + "\n" + self.stderr).splitlines() if l.startswith(prefix)]
 
+    shm: list[str] | None = None  # what it left in a /dev/shm of its own (private_shm(report=True)); None: none
+
     def left_in_shm(self) -> list[str] | None:
-        """What the job left in its own /dev/shm (a job started with ``private_shm(report=True)``); None where it
-        had none (:func:`can_unshare`)."""
-        said = self.lines(SHM_LEFT)
-        return said[-1][len(SHM_LEFT):].split() if said else None
+        """What the job left in its own /dev/shm; None where it had none (:func:`can_unshare`)."""
+        return self.shm
+
+
+def shm_report(stderr: str) -> tuple[str, list[str] | None]:
+    """A job's standard error without :func:`private_shm`'s last line, and what that line lists (None: no line)."""
+    head, found, tail = stderr.rpartition(SHM_LEFT)
+    if not found:
+        return stderr, None
+    listed, _, rest = tail.partition("\n")
+    return head + rest, listed.split()
 
 
 def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None,
@@ -138,7 +147,8 @@ def _capture(cmd: list[str], env: dict | None, timeout: float, cwd: Path | None)
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT, **(env or {})}
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
-    return Job(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+    stderr, shm = shm_report(proc.stderr)
+    return Job(proc.returncode, proc.stdout, stderr, time.monotonic() - start, shm)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ..conftest import AS_ROOT, REPO, Job, launch, mpirun_command, open_mpi, run_here, run_in_process
+from ..conftest import AS_ROOT, REPO, launch, mpirun_command, open_mpi, run_here, run_in_process, shm_report
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_wi
                       "over 3 s (--peer-timeout 3): its node failed or is cut off the network; no checkpoint was "
                       "taken (--ckpt-every N takes them): run again with another --out"], err
     assert (run / "log.txt").read_text().splitlines()[-1] == errors[0]
-    assert Job(job.returncode, "", err, 0).left_in_shm() in ([], None)
+    assert shm_report(err)[1] in ([], None)
 
 
 def test_an_exception_on_the_server_ends_the_job_with_its_line_and_leaves_no_shared_memory(data_root, tmp_path):
