@@ -96,7 +96,10 @@ class Heartbeats:
             now = time.monotonic()
             broken: dict[int, str] = {}  # peer -> what the MPI library said of its connection
             bye = not said_bye and self._done.is_set() and (self.comm.rank == 0 or answered)
-            if bye or (not said_bye and now - beaten >= self.interval):
+            # a beat each pass while this rank's part is under way (a pass an interval); once done, passes come ten
+            # times as often, and a beat every interval
+            due = not self._done.is_set() or now - beaten >= self.interval
+            if bye or (not said_bye and due):
                 said_bye, beaten = bye, now
                 for p in self.peers:
                     with _failing(broken, p):
