@@ -386,7 +386,8 @@ def test_a_node_lost_ends_the_job_in_bounded_time_and_the_run_resumes_on_the_nod
                 assert "Remote daemon: " in output.text() and "on node node2" in output.text()
         else:  # no word from node2: rank 0 says so after --peer-timeout, then ends the job (MPI_Abort)
             said_at, said = wait_for(lambda: output.first("mpifl: "), PEER_TIMEOUT + 4, "rank 0's line")
-            assert PEER_TIMEOUT <= said_at - lost_at < PEER_TIMEOUT + 3
+            # rank 2's last heartbeat came before the cut, by up to an interval (0.6 s) and rank 0's pass to take it
+            assert PEER_TIMEOUT - 1 <= said_at - lost_at < PEER_TIMEOUT + 3
             pid = re.search(r"rank 2 \(pid (\d+) on node2", (run / "log.txt").read_text()).group(1)
             rank0 = re.search(r"rank 0 \(pid (\d+) on node1", (run / "log.txt").read_text()).group(1)
             assert said == (f"mpifl: error: lost rank 2 (pid {pid} on node2): nothing heard from it for over "
@@ -445,7 +446,7 @@ def test_a_node_lost_as_the_job_ends_does_not_keep_it_running(up, data_root, tmp
         hosts("cut", "node2")
         cut_at = time.monotonic()
         said_at, said = wait_for(lambda: output.first("mpifl: "), PEER_TIMEOUT + 6, "rank 0's line")
-        assert PEER_TIMEOUT - 1 <= said_at - cut_at < PEER_TIMEOUT + 3  # rank 2's last heartbeat came before the cut
+        assert PEER_TIMEOUT - 1 <= said_at - cut_at < PEER_TIMEOUT + 3  # rank 2's last heartbeat: before the cut
         pid = re.search(r"rank 2 \(pid (\d+) on node2", (run / "log.txt").read_text()).group(1)
         assert said == (f"mpifl: warning: lost rank 2 (pid {pid} on node2) as the job ended: nothing heard from it for "
                         f"over {PEER_TIMEOUT} s (--peer-timeout {PEER_TIMEOUT}): its node failed or is cut off the "
