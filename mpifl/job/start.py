@@ -319,10 +319,11 @@ class PeerWatch:
         A peer silent for ``--peer-timeout`` S (1.25 S on a client rank) while they say goodbye
         (:meth:`Comm.goodbye`) was lost as the job ended: rank 0 says so in one line (also in ``log.txt``), with
         what the run left, and ends the job through ``MPI_Abort`` with ``code`` (its results are whatever the job
-        made them: a finished run's are all written); a client rank that lost rank 0 likewise.  Once every peer
-        has said goodbye, the library's finalization gets S (1.25 S) more; past that the rank ends without it
-        (rank 0 says so).  So a rank ends within S of a lost peer's last word, plus ``ABORT_SECONDS`` for an abort
-        that cannot reach the launcher (or S for a finalization cut short)."""
+        made them: a finished run's are all written); a client rank that lost rank 0 likewise, with exit 69 (whether
+        the run finished, rank 0 alone knows).  Once every peer has said goodbye, the library's finalization gets S
+        (1.25 S) more; past that the rank ends without it (rank 0 says so).  So a rank ends within S of a lost peer's
+        last word, plus ``ABORT_SECONDS`` for an abort that cannot reach the launcher (or S for a finalization cut
+        short)."""
         comm = self.comm
         if comm is None:
             return
@@ -335,10 +336,10 @@ class PeerWatch:
                 self._say(f"mpifl: warning: lost {comm.describe(lost)} as the job ended: "
                           f"{self._silence(lost, seconds, None)}; {self._outcome(code)}; the job ends without "
                           f"{'it' if len(lost) == 1 else 'them'}")
-            else:
-                _err(f"mpifl: warning: {comm.describe([comm.rank])} lost the server, {comm.describe([0])}, as the job "
-                     f"ended: {self._silence([0], seconds, None)}; this rank ends")
-            comm.abort(code)
+                comm.abort(code)
+            _err(f"mpifl: warning: {comm.describe([comm.rank])} lost the server, {comm.describe([0])}, as the job "
+                 f"ended: {self._silence([0], seconds, None)}; this rank ends")
+            comm.abort(EXIT_LOST)  # whether the run finished, rank 0 alone knows
         comm.finalize(seconds, lambda: self._overdue(code, seconds))
 
     def _overdue(self, code: int, seconds: float) -> None:
