@@ -62,7 +62,7 @@ def private_shm(report: bool = False) -> list[str]:
     its last process, so what the MPI libraries leave of a job whose ranks a test kills never stays on this
     machine, and no test sees another job's files.  With ``report``, the command is not exec'd: a last line
     (:data:`SHM_LEFT`) lists what it left there.  Nothing without root: the command runs as it is (mpifl still
-    removes what its own jobs leave, mpifl/process/shared_memory.py)."""
+    removes what its own jobs leave, mpifl/process/node_files.py)."""
     if not can_unshare():
         return []
     then = (f'"$@"; code=$?; echo "{SHM_LEFT}" $(ls -A /dev/shm) >&2; exit $code' if report else 'exec "$@"')
@@ -157,7 +157,7 @@ def no_shared_memory_left():
     this process, which starts MPI where a test imports mpi4py's MPI (a world of one), unlinks the MPI library's
     files it maps (under Open MPI they would outlive it)."""
     yield
-    from mpifl.process.shared_memory import forget_segments
+    from mpifl.process.node_files import forget_segments
 
     forget_segments()
 

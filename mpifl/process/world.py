@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shared_memory import forget_segments
+from .node_files import forget_segments
 
 # what launchers say of the job: its size and this process's rank (Open MPI, MPICH's Hydra and Intel MPI
 # (PMI), PMIx, MVAPICH2, a Slurm job step; not SLURM_NTASKS, which an sbatch script sets for one process too).
@@ -61,7 +61,7 @@ def launched_world() -> tuple[int, int]:
 
 def _mpi():
     """mpi4py's MPI, started (importing it starts the library); a world of one unlinks the library's shared-memory
-    files at once, as no other process will open them (Open MPI's would outlive it: :mod:`.shared_memory`)."""
+    files at once, as no other process will open them (Open MPI's would outlive it: :mod:`.node_files`)."""
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.size == 1:

@@ -64,7 +64,7 @@ import torch
 from mpi4py import MPI
 
 from ..process.abort import abort_world
-from ..process.shared_memory import MPICH_NODE, forget_segments
+from ..process.node_files import MPICH_NODE, forget_launcher_files, forget_segments
 from ..process.world import loaded_libmpi
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
@@ -422,13 +422,15 @@ class MpiComm(Comm):
 
     # -------------------------------------------------------------- topology
     def node_layout(self) -> NodeLayout:
-        """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them, the
-        rank unlinks MPICH's shared-memory file of the node: nothing of it is left however the job ends."""
+        """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them (every
+        one has started MPI), the rank unlinks MPICH's shared-memory file of the node and Hydra's topology file:
+        nothing of them is left however the job ends (:mod:`mpifl.process.node_files`)."""
         mine = affinity()
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
         local.Free()
         forget_segments(MPICH_NODE)
+        forget_launcher_files()
         ranks = tuple(sorted(everyone))
         clients = tuple(r for r in ranks if r != 0)
         sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from mpifl.process.shared_memory import MPICH_NODE, SHM, forget_segments, mapped_segments
+from mpifl.process.node_files import MPICH_NODE, SHM, forget_segments, mapped_segments
 
 
 @pytest.fixture
