@@ -44,7 +44,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess

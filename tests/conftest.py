@@ -39,10 +39,35 @@ def open_mpi() -> bool:
     return "Open MPI" in version or "OpenRTE" in version or "prterun" in version
 
 
-def mpirun_command(n: int) -> list[str]:
+def mpirun_command(n: int, report: bool = False) -> list[str]:
     """``mpirun -n N`` with what Open MPI needs on a small machine: more ranks than cores, no binding (each
-    rank then sizes its threads by the cores it may use, as under MPICH)."""
-    return [mpirun_path(), *(["--oversubscribe", "--bind-to", "none"] if open_mpi() else []), "-n", str(n)]
+    rank then sizes its threads by the cores it may use, as under MPICH); in a /dev/shm of its own
+    (:func:`private_shm`, with ``report``)."""
+    return [*private_shm(report), mpirun_path(), *(["--oversubscribe", "--bind-to", "none"] if open_mpi() else []),
+            "-n", str(n)]
+
+
+SHM_LEFT = "tests: left in /dev/shm:"  # the line of private_shm(report=True)
+
+
+@functools.cache
+def can_unshare() -> bool:
+    """Whether this process may give a command a mount namespace of its own (root, and ``unshare`` there)."""
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+def private_shm(report: bool = False) -> list[str]:
+    """A prefix that runs a command with a /dev/shm of its own: a tmpfs in a mount namespace of its own, gone with
+    its last process, so what the MPI libraries leave of a job whose ranks a test kills never stays on this
+    machine, and no test sees another job's files.  With ``report``, the command is not exec'd: a last line
+    (:data:`SHM_LEFT`) lists what it left there.  Nothing without root: the command runs as it is (mpifl still
+    removes what its own jobs leave, mpifl/process/node_files.py)."""
+    if not can_unshare():
+        return []
+    then = (f'"$@"; code=$?; echo "{SHM_LEFT}" $(ls -A /dev/shm) >&2; exit $code' if report else 'exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f"mount -t tmpfs mpifl-tests /dev/shm && {then}", "private-shm"]
 
 
 # Either MPI without single-copy transfers (as in many containers): a large message then moves only while
@@ -63,17 +88,34 @@ class Job:
         streams are joined on a line break."""
         return [l for l in (self.stdout + "\n" + self.stderr).splitlines() if l.startswith(prefix)]
 
+    shm: list[str] | None = None  # what it left in a /dev/shm of its own (private_shm(report=True)); None: none
+
+    def left_in_shm(self) -> list[str] | None:
+        """What the job left in its own /dev/shm; None where it had none (:func:`can_unshare`)."""
+        return self.shm
+
+
+def shm_report(stderr: str) -> tuple[str, list[str] | None]:
+    """A job's standard error without :func:`private_shm`'s last line, and what that line lists (None: no line)."""
+    head, found, tail = stderr.rpartition(SHM_LEFT)
+    if not found:
+        return stderr, None
+    listed, _, rest = tail.partition("\n")
+    return head + rest, listed.split()
+
 
 def launch(n: int, *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None,
            script: Path | None = None) -> Job:
     """Run ``mpirun -n N python -m mpifl.run ARGS`` (or ``python SCRIPT``) and capture everything."""
     program = [str(script)] if script else ["-m", "mpifl.run"]
-    return _capture([*mpirun_command(n), sys.executable, *program, *args], env, timeout, cwd)
+    return _capture([*mpirun_command(n, report=True), sys.executable, *program, *args], env, timeout, cwd)
 
 
-def run_in_process(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> Job:
-    """Run ``python -m mpifl.run ARGS`` without a launcher: server and one client host in one process."""
-    return _capture([sys.executable, "-m", "mpifl.run", *args], env, timeout, cwd)
+def run_in_process(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None,
+                   prefix: tuple[str, ...] = ()) -> Job:
+    """Run ``python -m mpifl.run ARGS`` without a launcher: server and one client host in one process (after the
+    command ``prefix``, if any)."""
+    return _capture([*prefix, sys.executable, "-m", "mpifl.run", *args], env, timeout, cwd)
 
 
 def run_here(*args: str) -> Job:
@@ -105,7 +147,19 @@ def _capture(cmd: list[str], env: dict | None, timeout: float, cwd: Path | None)
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT, **(env or {})}
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
-    return Job(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+    stderr, shm = shm_report(proc.stderr)
+    return Job(proc.returncode, proc.stdout, stderr, time.monotonic() - start, shm)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left():
+    """The suite leaves /dev/shm as it found it: its jobs run in a /dev/shm of their own (:func:`private_shm`), and
+    this process, which starts MPI where a test imports mpi4py's MPI (a world of one), unlinks the MPI library's
+    files it maps (under Open MPI they would outlive it)."""
+    yield
+    from mpifl.process.node_files import forget_segments
+
+    forget_segments()
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ from ..data.manifest import build_of
 from ..errors import MpiflError
 from ..plan.config import RunConfig
 from ..process.abort import ABORT_SECONDS, EXIT_LOST
+from ..process.faults import maybe_inject
 from ..process.signals import EXIT_STOPPED, StopRequest
 from ..process.world import launched_world
 from ..rundir.checkpoint import Checkpoint, committed_round
@@ -51,7 +52,7 @@ from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
 from ..server.tracking.live import Tracking, check_installed
 from ..session.session import Session, make_session, read_labels
-from ..transport.comm import Comm
+from ..transport.comm import Comm, TimedOut
 from ..transport.inprocess import run_threads
 from ..transport.topology import NodeLayout, affinity, fold_threads
 
@@ -60,18 +61,31 @@ IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host
 
 
 def start(build: Callable[[], tuple[RunConfig, list[str]]], show_manifest: bool, resume: str | None) -> None:
-    """Run the command on this process's rank (or, without a launcher, on every rank, as threads)."""
+    """Run the command on this process's rank (or, without a launcher, on every rank, as threads), then end this
+    rank's part of the job (:meth:`PeerWatch.end`), as every rank does when it exits, with or without an error."""
     stop = StopRequest()  # a stop signal seen by this process (acted upon by rank 0 between rounds)
     stop.install()  # first thing: a stop signal during start-up must not kill a rank
-    rank, size = launched_world()
+    _, size = launched_world()
     if size == 1:  # this thread will be rank 0: it must never form an OpenMP team (mpifl.transport.inprocess)
         torch.set_num_threads(1)
     comm = None
     if size > 1:
         from ..transport.mpi import MpiComm
         comm = MpiComm()
+    watch = PeerWatch(comm)
+    try:
+        _start(comm, watch, stop, build, show_manifest, resume)
+    except SystemExit as exc:  # a refusal while setting up, a stop: every rank exits so
+        watch.end(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
+        raise
+    watch.end(0)
+
+
+def _start(comm: Comm | None, watch: PeerWatch, stop: StopRequest, build: Callable[[], tuple[RunConfig, list[str]]],
+           show_manifest: bool, resume: str | None) -> None:
+    rank = comm.rank if comm is not None else 0
     cfg, warnings = configure(comm, build, resume)
-    watch = PeerWatch(comm, cfg.peer_timeout)
+    watch.timeout = cfg.peer_timeout
     if comm is not None and cfg.peer_timeout and not show_manifest:
         unwatched = comm.watch_peers(cfg.peer_timeout, watch.lost, watch.ended)
         warnings = warnings + ([unwatched] if unwatched else [])
@@ -123,6 +137,7 @@ def run_rank(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool, watch:
         _run_all_folds(cfg, comm, stop, watch)
     else:
         _run(cfg, comm, stop, watch, resume=resume)
+    maybe_inject(rank=comm.rank, client=-1, round_index=cfg.rounds + 2)  # tests: every result is written
 
 
 def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None) -> None:
@@ -274,6 +289,11 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
             processes = [(line, count) for line, count, *_ in ranks]
             folds = fold_threads(layout, cfg.fold_threads, [cores for *_, cores in ranks],
                                  [busy for _, _, busy, _ in ranks])
+            if cfg.fold_threads > folds[0]:
+                line = (f"mpifl: warning: --fold-threads {cfg.fold_threads} is more than the {folds[0]} cores rank 0 "
+                        f"may run on: it folds on {folds[0]}")
+                _err(line)
+                run_dir.log(line + "\n")
             stopped_by = serve(cfg, comm, session, run_dir, resumed, stop, processes, folds, tracking)
         else:
             host.run()
@@ -294,29 +314,22 @@ def _serve_or_host(cfg: RunConfig, comm: Comm, session: Session, host: ClientHos
 class PeerWatch:
     """What this rank does when a peer is lost (:meth:`Comm.watch_peers`, ``--peer-timeout``): rank 0 names the
     ranks and their hosts, and what is left to resume from, on stderr and in ``log.txt``, tells the client ranks,
-    and ends the job (exit 69); a client rank that lost rank 0 says so and ends."""
+    and ends the job (exit 69); a client rank that lost rank 0 says so and ends.  And how a rank ends its part of
+    the job (:meth:`end`)."""
 
-    def __init__(self, comm: Comm | None, timeout: float):
+    def __init__(self, comm: Comm | None, timeout: float = 0.0):
         self.comm, self.timeout = comm, timeout
         self.run_dir: RunDir | None = None  # the run under way, once its directory is open
 
     def lost(self, ranks: list[int], seconds: float, error: str | None) -> None:
         comm = self.comm
-        one = len(ranks) == 1
-        heard = (f"nothing heard from {'it' if one else 'them'} for over {seconds:g} s (--peer-timeout "
-                 f"{self.timeout:g})" if error is None else f"the MPI library reports its connection failed ({error})")
-        silence = (f"{heard}: {'its node' if one else 'their nodes'} failed or {'is' if one else 'are'} cut off the "
-                   "network")
         if comm.rank == 0:
-            line = f"mpifl: error: lost {comm.describe(ranks)}: {silence}; {self._left()}"
-            if self.run_dir is not None:
-                with contextlib.suppress(OSError, MpiflError):
-                    self.run_dir.log(line + "\n")
-            _err(line)
+            self._say(f"mpifl: error: lost {comm.describe(ranks)}: {self._silence(ranks, seconds, error)}; "
+                      f"{self._left()}")
             comm.end_job()
         else:
             _err(f"mpifl: error: {comm.describe([comm.rank])} lost the server, {comm.describe([0])}: "
-                 f"{silence.replace('its node', 'its node or this one')}; this rank ends")
+                 f"{self._silence([0], seconds, error)}; this rank ends")
         comm.abort(EXIT_LOST)
 
     def ended(self) -> None:
@@ -325,6 +338,68 @@ class PeerWatch:
         at once: a rank ending on its own first may keep the launcher waiting for the lost node."""
         time.sleep(ABORT_SECONDS)
         os._exit(EXIT_LOST)
+
+    def end(self, code: int) -> None:
+        """This rank's part of the job is done, and it exits with ``code``: it says goodbye to its peers and ends
+        the MPI library, without waiting for a node lost meanwhile, whose finalization would never end.
+
+        A peer silent for ``--peer-timeout`` S (1.25 S on a client rank) while they say goodbye
+        (:meth:`Comm.goodbye`) was lost as the job ended: rank 0 says so in one line (also in ``log.txt``), with
+        what the run left, and ends the job through ``MPI_Abort`` with ``code`` (its results are whatever the job
+        made them: a finished run's are all written); a client rank that lost rank 0 likewise, with exit 69 (whether
+        the run finished, rank 0 alone knows).  Once every peer has said goodbye, the library's finalization gets S
+        (1.25 S) more; past that the rank ends without it (rank 0 says so).  So a rank ends within S of a lost peer's
+        last word, plus ``ABORT_SECONDS`` for an abort that cannot reach the launcher (or S for a finalization cut
+        short)."""
+        comm = self.comm
+        if comm is None:
+            return
+        from ..transport.liveness import CLIENT_MARGIN  # an MPI job's: mpi4py's MPI is there
+
+        lost = comm.goodbye()
+        seconds = self.timeout * (1 if comm.rank == 0 else CLIENT_MARGIN) if self.timeout else None
+        if lost:
+            if comm.rank == 0:
+                self._say(f"mpifl: warning: lost {comm.describe(lost)} as the job ended: "
+                          f"{self._silence(lost, seconds, None)}; {self._outcome(code)}; the job ends without "
+                          f"{'it' if len(lost) == 1 else 'them'}")
+                comm.abort(code)
+            _err(f"mpifl: warning: {comm.describe([comm.rank])} lost the server, {comm.describe([0])}, as the job "
+                 f"ended: {self._silence([0], seconds, None)}; this rank ends")
+            comm.abort(EXIT_LOST)  # whether the run finished, rank 0 alone knows
+        comm.finalize(seconds, lambda: self._overdue(code, seconds))
+
+    def _overdue(self, code: int, seconds: float) -> None:
+        """The MPI library's finalization has waited ``seconds``: end this process (rank 0 says why)."""
+        if self.comm.rank == 0:
+            self._say(f"mpifl: warning: the MPI library's finalization did not end within {seconds:g} s "
+                      f"(--peer-timeout {self.timeout:g}): a node was lost as the job ended; {self._outcome(code)}; "
+                      "this rank ends without it")
+        sys.stdout.flush()
+        os._exit(code)
+
+    def _say(self, line: str) -> None:
+        """Rank 0's line, on stderr and in the run's ``log.txt``."""
+        if self.run_dir is not None:
+            with contextlib.suppress(OSError, MpiflError):
+                self.run_dir.log(line + "\n")
+        _err(line)
+
+    def _silence(self, ranks: list[int], seconds: float, error: str | None) -> str:
+        """Why ``ranks`` count as lost."""
+        one = len(ranks) == 1
+        heard = (f"nothing heard from {'it' if one else 'them'} for over {seconds:g} s (--peer-timeout "
+                 f"{self.timeout:g})" if error is None else f"the MPI library reports its connection failed ({error})")
+        nodes = ("its node or this one" if self.comm.rank else "its node") if one else "their nodes"
+        return f"{heard}: {nodes} failed or {'is' if one else 'are'} cut off the network"
+
+    def _outcome(self, code: int) -> str:
+        """What the job leaves, ending with exit ``code``."""
+        if code == 0:
+            return "every result is written" + (f" ({self.run_dir.path})" if self.run_dir is not None else "")
+        if code == EXIT_STOPPED:
+            return self._left()
+        return f"it ends with exit {code}"
 
     def _left(self) -> str:
         """What the run can continue from."""
@@ -348,7 +423,12 @@ def collectively(comm: Comm, run_dir: Callable[[], RunDir | None], step: Callabl
             error = (str(exc), exc.exit_code)
         except Exception as exc:
             error = (_crash_line(comm.rank, exc, run_dir()), 1)
-    comm.arrive("the other ranks to finish setting up")
+    try:
+        comm.arrive("the other ranks to finish setting up")
+    except TimedOut as exc:  # a --round-timeout shorter than the set-up: the first rank to give up says so
+        _err(f"mpifl: error: timed out after {exc.seconds:g} s waiting for {comm.describe(exc.missing)} to finish "
+             "setting up: --round-timeout must exceed the set-up and the longest round; raise it (0: no limit)")
+        comm.abort(exc.exit_code)
     errors = comm.allgather_object(error)
     failed = [(rank, e) for rank, e in enumerate(errors) if e]
     if failed:

@@ -27,6 +27,8 @@ import time
 import traceback
 from typing import NoReturn
 
+from .node_files import forget_launcher_files, forget_segments
+
 ABORT_SECONDS = 10.0  # a rank calling MPI_Abort exits by itself after this long
 EXIT_LOST = 69  # EX_UNAVAILABLE: a peer's node failed or is cut off the network (mpifl.transport.liveness)
 
@@ -51,7 +53,9 @@ def end_now(line: str, code: int) -> NoReturn:
 
 
 def abort_world(code: int) -> NoReturn:
-    """End every rank of the MPI world (a lone process just exits).
+    """End every rank of the MPI world (a lone process just exits), leaving none of the MPI library's shared memory
+    that this process maps, nor its launcher's topology file (``MPI_Abort`` skips their own removal:
+    :mod:`.node_files`).
 
     This process exits within :data:`ABORT_SECONDS` whatever ``MPI_Abort`` does: with a launcher that is gone
     or cut off (a lost node), the abort may wait for an answer that never comes."""
@@ -60,6 +64,8 @@ def abort_world(code: int) -> NoReturn:
     deadline = threading.Timer(ABORT_SECONDS, os._exit, args=(code,))
     deadline.daemon = True
     deadline.start()
+    forget_segments()
+    forget_launcher_files()
     if MPI.COMM_WORLD.size > 1:
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(code)

@@ -8,11 +8,14 @@ point reached: ``rank``, ``client``, ``round``.  Kinds:
 * ``kill``  - the process is killed by SIGKILL (what the OOM killer does);
 * ``hang``  - the process stops answering (a deadlock, a stuck file system);
 * ``stop``  - SIGTERM to this process (a scheduler's stop request);
+* ``pause`` - the process goes on after :data:`PAUSE_SECONDS` (a rank slow to finish: a busy file system);
 * ``nan``   - the client's weights become NaN before local training (divergence).
 
 Client ranks check before training each client (``client`` = its id), the
 server before each round's message (``rank=0``, ``client=-1``), and every
-rank once while ``mpifl.run`` starts (``round=0``, ``client=-1``).
+rank once while ``mpifl.run`` starts (``round=0``, ``client=-1``) and once
+as its part of the job ends, every result written (``round`` = ``--rounds`` + 2,
+after the final message R + 1; ``client=-1``).
 
 Unset in normal runs; the failure tests use it to show that any rank's fault
 ends the whole job promptly with one message.
@@ -23,6 +26,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+
+PAUSE_SECONDS = 3.0
 
 
 def _parse(text: str) -> tuple[str, dict[str, int]]:
@@ -51,6 +56,9 @@ def maybe_inject(*, rank: int, client: int, round_index: int) -> str | None:
             time.sleep(3600)
     if kind == "stop":
         os.kill(os.getpid(), signal.SIGTERM)
+        return None
+    if kind == "pause":
+        time.sleep(PAUSE_SECONDS)
         return None
     if kind == "nan":
         return "nan"

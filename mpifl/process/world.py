@@ -7,10 +7,13 @@ cluster's ``srun`` with another PMI), every process finds itself alone in a worl
 the whole job by itself: :func:`launcher_mismatch` finds that before anything runs.
 
 A launcher's variables also reach processes it did not start: a child of a launched process inherits them (a
-sweep or a fingerprint run under ``mpirun``), and a shell may keep them from another job.  Hydra's (MPICH, Intel
-MPI) carry the descriptor through which the launched process reaches its launcher, ``PMI_FD``: where it is not
-open the variables were inherited (:func:`forget_inherited_launcher`), where neither it nor ``PMI_PORT`` is
-set no launcher is there to join.
+sweep or a fingerprint run under ``mpirun``), and a shell may keep them from another job.  A launcher also says
+how the process it starts reaches it: Hydra (MPICH, Intel MPI) and MVAPICH2's ``mpirun_rsh`` a PMI socket
+(``PMI_FD``) or port (``PMI_PORT``), Open MPI's ``prterun`` and ``srun --mpi=pmix`` a PMIx server
+(``PMIX_SERVER_URI*``).  A ``PMI_FD`` that is not open here was inherited (:func:`forget_inherited_launcher`);
+where a launcher's variables come without the way to reach it, no launcher is there to join, and the process
+says so itself (there is no rank 0 to say it) before MPI starts (MPICH's ``MPI_Init`` aborts on PMIx variables
+without a server).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .node_files import forget_segments
+
 # what launchers say of the job: its size and this process's rank (Open MPI, MPICH's Hydra and Intel MPI
 # (PMI), PMIx, MVAPICH2, a Slurm job step; not SLURM_NTASKS, which an sbatch script sets for one process too).
 # The innermost launcher speaks first: an MPI launcher's word over that of the Slurm job step it may run in.
@@ -30,6 +35,9 @@ LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORL
 #: what Hydra (or srun's PMI-2) gives a process it starts: PMI_FD (or PMI_PORT) is how that process reaches it
 PMI_VARIABLES = ("PMI_SIZE", "PMI_RANK", "PMI_FD", "PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "MPI_LOCALNRANKS",
                  "MPI_LOCALRANKID")
+#: what a PMIx launcher says of a process it starts, and the prefix of the variables naming its server
+PMIX_VARIABLES = ("PMIX_SIZE", "PMIX_RANK", "PMIX_NAMESPACE")
+PMIX_SERVER = "PMIX_SERVER_URI"
 
 
 @dataclass(frozen=True)
@@ -45,10 +53,20 @@ def launched_world() -> tuple[int, int]:
     """(rank, size) of the MPI world this process was launched in; (0, 1) without a launcher or without MPI (no
     mpi4py, or an mpi4py that finds no MPI library: a launcher's job is refused by :func:`launcher_mismatch`)."""
     try:
-        from mpi4py import MPI
+        MPI = _mpi()
     except Exception:  # noqa: BLE001: mpi4py 4 raises RuntimeError where it finds no MPI library
         return 0, 1
     return MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+
+def _mpi():
+    """mpi4py's MPI, started (importing it starts the library); a world of one unlinks the library's shared-memory
+    files at once, as no other process will open them (Open MPI's would outlive it: :mod:`.node_files`)."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.size == 1:
+        forget_segments()
+    return MPI
 
 
 def launcher_size() -> tuple[int, str]:
@@ -82,19 +100,26 @@ def launcher_mismatch() -> Refusal | None:
     """A job this process cannot run in, or None when launcher and mpi4py's MPI agree.
 
     Refused: a launcher says the job has several processes, and mpi4py cannot be imported or its MPI sees a
-    world of one; or Hydra's variables say so but no launcher started this process (said by this process,
-    whatever its rank: no other process is there to say it).  Open MPI's launcher and an MPICH library
-    (which would abort inside ``MPI_Init``, unable to speak PMIx) are refused before the library starts.
+    world of one; or a launcher's variables are here without the way to reach it (none started this process,
+    which says so itself, whatever its rank: no other process is there to say it; also PMIx's variables of any
+    size under MPICH, whose ``MPI_Init`` would abort on them).  These, and Open MPI's launcher with an MPICH
+    library (which would abort inside ``MPI_Init``, unable to speak PMIx), are refused before the library starts.
     ``mpirun -n 1`` and no launcher at all are a world of one on both sides.
     """
     size, variable = launcher_size()
     if size <= 1:
+        how = _unreachable("PMIX_SIZE")
+        if how and _library_family() in ("mpich", "impi"):  # MPICH's MPI_Init would abort on them
+            return _unlaunched("PMIX_SIZE", f"{how}: they are left over from another job")
         return None
     said = f"started as one of {size} processes ({variable}={size})"
     rank = launcher_rank()
     if variable == "PMI_SIZE" and _pmi_link() == "inherited":  # before MPI_Init, which would abort on it
-        return _unlaunched(size, rank, f"its PMI_FD {os.environ['PMI_FD']} is not open here: it inherited them "
-                                       "from a process the launcher started")
+        return _unlaunched(variable, f"its PMI_FD {os.environ['PMI_FD']} is not open here: it inherited them "
+                                     "from a process the launcher started")
+    how = _unreachable(variable)
+    if how:
+        return _unlaunched(variable, f"{how}: they are left over from another job")
     fix = ("start it with the mpirun of the MPI that mpi4py uses" + (f" ({here})" if (here := own_mpirun()) else "")
            + ", or rebuild mpi4py against the launcher's MPI (pip install --no-binary=mpi4py mpi4py)")
     if "OMPI_COMM_WORLD_SIZE" in os.environ and _library_family() in ("mpich", "impi"):
@@ -103,14 +128,12 @@ def launcher_mismatch() -> Refusal | None:
     try:
         with warnings.catch_warnings():  # mpi4py's own 'suspicious MPI execution environment', said better here
             warnings.simplefilter("ignore", RuntimeWarning)
-            from mpi4py import MPI
+            MPI = _mpi()
     except Exception as exc:  # noqa: BLE001: a broken install says why in its own words
         return Refusal(f"mpifl: error: {said}, but {_no_mpi(exc)}, or on a cluster build mpi4py against the site "
                        "MPI (pip install --no-binary=mpi4py mpi4py)", rank == 0)
     if MPI.COMM_WORLD.size > 1:
         return None
-    if variable == "PMI_SIZE" and _pmi_link() == "none":
-        return _unlaunched(size, rank, "neither PMI_FD nor PMI_PORT is set: they are left over from another job")
     library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split())
     where = loaded_libmpi()
     return Refusal(f"mpifl: error: {said}, but mpi4py's MPI ({library}{', ' + where if where else ''}) sees a world "
@@ -127,11 +150,44 @@ def _no_mpi(exc: Exception) -> str:
     return f"mpi4py finds no usable MPI library ({said[0]}); install one (pip install mpich)"
 
 
-def _unlaunched(size: int, rank: int, how: str) -> Refusal:
-    """Hydra's variables in a process no launcher started: said by this process, the only one there is."""
-    return Refusal(f"mpifl: error: PMI_SIZE={size} and PMI_RANK={rank} say this is process {rank} of {size}, but no "
-                   f"launcher started it ({how}); start the job with mpirun, or unset them (env -u PMI_SIZE -u "
-                   "PMI_RANK -u PMI_FD python -m mpifl.run ...) to run it in one process", True)
+#: each launcher's size variable: its variables (names, or a prefix ending in _), and how a process it starts
+#: reaches it (a PMI socket or port, or a PMIx server); a Slurm step's tasks reach slurmstepd through none of theirs
+_FAMILIES = {"OMPI_COMM_WORLD_SIZE": ("OMPI_COMM_WORLD_",), "PMI_SIZE": PMI_VARIABLES, "PMIX_SIZE": PMIX_VARIABLES,
+             "MV2_COMM_WORLD_SIZE": ("MV2_COMM_WORLD_",)}
+_LINKS = {"OMPI_COMM_WORLD_SIZE": "pmix", "PMIX_SIZE": "pmix", "PMI_SIZE": "pmi", "MV2_COMM_WORLD_SIZE": "pmi"}
+
+
+def _family(variable: str) -> list[str]:
+    """The variables of the launcher of ``variable`` set here, in the order of its list."""
+    names = _FAMILIES.get(variable, ())
+    return [name for name in names if not name.endswith("_") and name in os.environ] + sorted(
+        found for prefix in names if prefix.endswith("_") for found in os.environ if found.startswith(prefix))
+
+
+def _unreachable(variable: str) -> str | None:
+    """What a process started by the launcher of ``variable`` would reach it by and lacks here ('no
+    PMIX_SERVER_URI* is set'): no launcher started it; None where that launcher's variables are not here, or come
+    with the way to reach it."""
+    if not _family(variable) or variable not in _LINKS:
+        return None
+    if _LINKS[variable] == "pmix":
+        return None if any(name.startswith(PMIX_SERVER) for name in os.environ) else "no PMIX_SERVER_URI* is set"
+    return "neither PMI_FD nor PMI_PORT is set" if _pmi_link() == "none" else None
+
+
+def _unlaunched(variable: str, how: str) -> Refusal:
+    """A launcher's variables in a process no launcher started: said by this process, the only one there is; the
+    fix unsets every launcher's variables that came without the way to reach it."""
+    size, rank = variable, LAUNCHER_RANK[LAUNCHER_SIZE.index(variable)]
+    if size in os.environ and rank in os.environ:
+        said = (f"{size}={os.environ[size]} and {rank}={os.environ[rank]} say this is process {os.environ[rank]} of "
+                f"{os.environ[size]}, but no launcher started it")
+    else:
+        said = f"{_family(variable)[0]} is a launcher's variable, but no launcher started this process"
+    stale = [name for family in _FAMILIES if family == variable or _unreachable(family) for name in _family(family)]
+    unset = " ".join(f"-u {name}" for name in dict.fromkeys(stale))
+    return Refusal(f"mpifl: error: {said} ({how}); start the job with mpirun, or unset them (env {unset} python -m "
+                   "mpifl.run ...) to run it in one process", True)
 
 
 def _pmi_link() -> str:

@@ -49,7 +49,7 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    folds = FoldWorkers(*fold_threads)
+    folds = FoldWorkers(*fold_threads, timeout=comm.timeout)  # a helper that stops answering is named
     helpers = f" (itself and {folds.helpers} helper process{'es' * (folds.helpers > 1)})" if folds.helpers else ""
     log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {folds.helpers + 1} "
                      f"core{'s' * bool(folds.helpers)}{helpers} "

@@ -33,6 +33,14 @@ from .topology import NodeLayout
 from .wire import Buffer
 
 
+class TimedOut(MpiflError):
+    """A rank gave up waiting (``--round-timeout``): it waited ``seconds`` for the ranks ``missing``."""
+
+    def __init__(self, message: str, seconds: float, missing: list[int]):
+        super().__init__(message)
+        self.seconds, self.missing = seconds, missing
+
+
 class Comm:
     """A world of ``size`` ranks as seen from ``rank`` (0 is the server)."""
 
@@ -56,11 +64,11 @@ class Comm:
         """The host rank ``rank`` runs on."""
         return self.peers[rank].split(" on ", 1)[1].split(",")[0]
 
-    def timed_out(self, what: str, missing: list[int]) -> MpiflError:
+    def timed_out(self, what: str, missing: list[int]) -> TimedOut:
         """The one line of a rank that waited ``timeout`` seconds for ``missing``."""
-        return MpiflError(f"timed out after {self.timeout:.0f} s waiting for {what}: {self.describe(missing)} "
-                          "stopped answering (hung, or stuck on a file system); raise --round-timeout if "
-                          "a round can take that long")
+        return TimedOut(f"timed out after {self.timeout:g} s waiting for {what}: {self.describe(missing)} "
+                        "stopped answering (hung, or stuck on a file system); raise --round-timeout if "
+                        "a round can take that long", self.timeout, missing)
 
     # ------------------------------------------------------------ the round's bytes
     def arrive(self, what: str) -> None:
@@ -157,7 +165,7 @@ class Comm:
 
     def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                     on_end: Callable[[], None]) -> str | None:
-        """Watch the peers until this process exits (:mod:`mpifl.transport.liveness`): ``on_lost(ranks, seconds,
+        """Watch the peers until :meth:`goodbye` (:mod:`mpifl.transport.liveness`): ``on_lost(ranks, seconds,
         error)`` when ranks have been silent for ``timeout`` seconds or their connection failed (``error``, what
         the library said), ``on_end()`` on a client rank when rank 0 ends the
         job for that (:meth:`end_job`).  Every rank calls it at once.  Returns why it cannot watch, if so.
@@ -166,6 +174,16 @@ class Comm:
 
     def end_job(self) -> None:
         """Rank 0: tell the client ranks that the job ends because a peer is lost."""
+
+    def goodbye(self) -> list[int]:
+        """This rank's part of the job is done: say so to the watched peers and wait until they have
+        (:meth:`~mpifl.transport.liveness.Heartbeats.goodbye`); the peers lost meanwhile (none where nothing
+        watches)."""
+        return []
+
+    def finalize(self, seconds: float | None, overdue: Callable[[], None]) -> None:
+        """End the communication library of this process; ``overdue()`` (which ends the process) runs on another
+        thread if it has not ended after ``seconds`` (None: wait as long as it takes)."""
 
     def abort(self, code: int) -> NoReturn:
         """End the whole job promptly with exit ``code``, from this rank (its line already printed)."""

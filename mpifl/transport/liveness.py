@@ -16,8 +16,12 @@ watches every client rank, a client rank watches rank 0, as the round's messages
   (:data:`CLIENT_MARGIN`), so that a lost client rank is named by rank 0, whose lines reach the launcher.
 * Before rank 0 ends the job it tells the client ranks (``END``), so that a client rank whose launcher is gone
   (Open MPI's ``prterun`` exits when it loses a node, leaving the other nodes' ranks running) ends too.
-* A rank's last message says goodbye (``BYE``): a peer that finished its part is done, not lost; the thread
-  ends once every peer has said goodbye, so no message is left unmatched when MPI is finalized.
+* The job's end is a goodbye (``BYE``), a rank's last message, said first by rank 0 once its part is done (every
+  result written) and answered by each client rank once its own part is done too; until then a rank beats on.
+  So rank 0's goodbyes, all answered, show every peer there at the end, right before the MPI library's
+  finalization, which would wait for ever for a node lost meanwhile: :meth:`Heartbeats.goodbye` returns the peers
+  silent for ``timeout`` while it waited (lost as the job ended), for the caller to end the job without them.  No
+  message is left unmatched when MPI is finalized: a rank takes a peer's messages until that peer's goodbye.
 
 The thread sends and receives on a communicator of its own (a duplicate of the world's), so its messages never
 meet the round's, and needs ``MPI_THREAD_MULTIPLE`` (what mpi4py asks for).  Its cost: one byte per peer per
@@ -46,9 +50,9 @@ class Heartbeats:
 
     ``on_lost(peers, seconds, error)`` runs on the watching thread when ``peers`` have been silent for longer than
     ``seconds`` (this rank's timeout), or at once when the MPI library reports an error for one (``error``, its
-    first line; None for a silence);
-    ``on_end()`` when rank 0 says the job ends.  Neither returns.  Every message is matched: a rank takes a peer's
-    messages until that peer's goodbye, and sends its peers heartbeats until its own.
+    first line; None for a silence), while this rank's part of the job is under way; ``on_end()`` when rank 0 says
+    the job ends.  Neither returns.  Every message is matched: a rank takes a peer's messages until that peer's
+    goodbye, and sends its peers heartbeats until its own.
     """
 
     def __init__(self, comm: MPI.Comm, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
@@ -60,17 +64,21 @@ class Heartbeats:
         self.on_lost, self.on_end = on_lost, on_end
         self._tokens = {kind: np.array([kind], dtype=np.uint8) for kind in (BEAT, BYE, END)}
         self._inbox = np.zeros(comm.size, dtype=np.uint8)  # where peer p's byte lands
-        self._stopping = threading.Event()
+        self._done = threading.Event()  # this rank's part of the job is done (goodbye)
+        self._gone: list[int] = []  # the peers lost while this rank said goodbye
         self._thread = threading.Thread(target=self._watch, name="mpifl-heartbeats", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Say goodbye and wait until every peer has (a peer silent for ``timeout`` is not waited for)."""
+    def goodbye(self) -> list[int]:
+        """This rank's part is done: say goodbye (rank 0 at once, a client rank once rank 0 has) and wait until every
+        peer has; the peers silent for ``timeout`` meanwhile, or whose connection failed, are not waited for and are
+        returned (empty: every peer said goodbye)."""
         if self._thread.is_alive():
-            self._stopping.set()
+            self._done.set()
             self._thread.join()
+        return self._gone
 
     def end_job(self) -> None:
         """Rank 0: tell every client rank that the job ends (waits at most one interval for the messages to leave)."""
@@ -83,16 +91,19 @@ class Heartbeats:
         heard = dict.fromkeys(self.peers, time.monotonic())
         receives = {p: self._receive(p) for p in self.peers}
         sends: list[tuple[int, MPI.Request]] = []
-        said_bye = False
+        said_bye, beaten, answered = False, 0.0, False  # answered: rank 0 said goodbye (a client rank's cue)
         while True:
             now = time.monotonic()
             broken: dict[int, str] = {}  # peer -> what the MPI library said of its connection
-            if not said_bye:
-                said_bye = self._stopping.is_set()
-                token = self._tokens[BYE if said_bye else BEAT]
+            bye = not said_bye and self._done.is_set() and (self.comm.rank == 0 or answered)
+            # a beat each pass while this rank's part is under way (a pass an interval); once done, passes come ten
+            # times as often, and a beat every interval
+            due = not self._done.is_set() or now - beaten >= self.interval
+            if bye or (not said_bye and due):
+                said_bye, beaten = bye, now
                 for p in self.peers:
                     with _failing(broken, p):
-                        sends.append((p, self.comm.Isend(token, dest=p, tag=TAG)))
+                        sends.append((p, self.comm.Isend(self._tokens[BYE if bye else BEAT], dest=p, tag=TAG)))
             for p in list(receives):
                 with _failing(broken, p):
                     while p in receives and receives[p].Test():
@@ -101,6 +112,7 @@ class Heartbeats:
                         if kind == END:
                             self.on_end()
                         if kind == BYE:
+                            answered = True
                             del receives[p]
                         else:
                             receives[p] = self._receive(p)
@@ -115,13 +127,15 @@ class Heartbeats:
             silent = [p for p in receives if now - heard[p] > self.timeout]
             lost = sorted(set(silent) | set(broken))
             if lost:
-                if not said_bye:  # ending anyway: a peer gone meanwhile is not worth a word
+                if self._done.is_set():  # the caller ends the job without them
+                    self._gone = lost
+                else:
                     self.on_lost(lost, self.timeout, next(iter(broken.values()), None))
                 return
-            if said_bye:
-                time.sleep(self.interval / 10)  # the peers' goodbyes are on their way, or soon will be
+            if self._done.is_set():  # goodbyes are on their way, or soon will be
+                time.sleep(self.interval / 10)
             else:
-                self._stopping.wait(self.interval)
+                self._done.wait(self.interval)
 
     def _receive(self, peer: int) -> MPI.Request:
         return self.comm.Irecv(self._inbox[peer:peer + 1], source=peer, tag=TAG)

@@ -50,10 +50,11 @@ Three properties matter beyond moving bytes:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import ctypes
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NoReturn
@@ -63,6 +64,8 @@ import torch
 from mpi4py import MPI
 
 from ..process.abort import abort_world
+from ..process.node_files import MPICH_NODE, forget_launcher_files, forget_segments
+from ..process.world import loaded_libmpi
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .liveness import Heartbeats
@@ -366,12 +369,32 @@ class MpiComm(Comm):
                     "noticed (--peer-timeout has no effect)")
         self._heartbeats = Heartbeats(self.comm.Dup(), timeout, on_lost, on_end)
         self._heartbeats.start()
-        atexit.register(self._heartbeats.stop)  # before mpi4py finalizes MPI
         return None
 
     def end_job(self) -> None:
         if self._heartbeats is not None:
             self._heartbeats.end_job()
+
+    def goodbye(self) -> list[int]:
+        return self._heartbeats.goodbye() if self._heartbeats is not None else []
+
+    def finalize(self, seconds: float | None, overdue: Callable[[], None]) -> None:
+        """``MPI_Finalize``, called through the C library (ctypes) where this process has it loaded: mpi4py's
+        ``Finalize`` holds Python's GIL while MPI finalizes, so no thread could act on a finalization that waits for
+        a node lost meanwhile; here ``overdue()`` runs on a thread of its own after ``seconds``."""
+        if MPI.Is_finalized():
+            return
+        library = loaded_libmpi()
+        if seconds is None or library is None:
+            MPI.Finalize()
+            return
+        deadline = threading.Timer(seconds, overdue)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            ctypes.CDLL(library).MPI_Finalize()
+        finally:
+            deadline.cancel()
 
     def abort(self, code: int) -> NoReturn:
         abort_world(code)
@@ -399,11 +422,15 @@ class MpiComm(Comm):
 
     # -------------------------------------------------------------- topology
     def node_layout(self) -> NodeLayout:
-        """The world ranks that share this rank's node (an MPI shared-memory split)."""
+        """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them (every
+        one has started MPI), the rank unlinks MPICH's shared-memory file of the node and Hydra's topology file:
+        nothing of them is left however the job ends (:mod:`mpifl.process.node_files`)."""
         mine = affinity()
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
         local.Free()
+        forget_segments(MPICH_NODE)
+        forget_launcher_files()
         ranks = tuple(sorted(everyone))
         clients = tuple(r for r in ranks if r != 0)
         sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ..conftest import AS_ROOT, REPO, launch, mpirun_command, open_mpi, run_in_process
+from ..conftest import AS_ROOT, REPO, launch, mpirun_command, open_mpi, run_here, run_in_process, shm_report
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +31,22 @@ SMALL = ("--threads", "1", "--samples-per-client", "64")  # short rounds, where 
 
 
 def pids(run) -> dict[int, str]:
-    """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how docs/faults.md finds a rank by its pid."""
+    """Each rank's pid, from log.txt's 'rank K (pid P on HOST, ...)' lines: how docs/faults.md finds a rank by its
+    pid."""
     lines = [line for line in (run / "log.txt").read_text().splitlines() if line.startswith("rank ")]
     return {int(line.split()[1]): line.split("(pid ")[1].split()[0] for line in lines}
 
 
 def test_a_rank_killed_like_by_the_oom_killer_ends_the_job_promptly_and_the_log_maps_ranks_to_pids(data_root,
                                                                                                    tmp_path):
-    """No rank can say which one died: MPICH ends the others within milliseconds (docs/faults.md, "Faults, one by one", says how to find
-    it from the pid the kernel or the launcher names); the job must end promptly, its checkpoint intact."""
+    """No rank can say which one died: MPICH ends the others within milliseconds (docs/faults.md, "Faults, one by
+    one", says how to find it from the pid the kernel or the launcher names); the job must end promptly, its
+    checkpoint intact, and nothing of MPICH's shared memory is left (unlinked by the ranks once set up)."""
     run = tmp_path / "r"
     job = launch(3, *_args(data_root, run, "--ckpt-every", "1"), env={"MPIFL_FAULT": "kill:rank=2,round=3"},
                  timeout=90)
     assert job.returncode != 0 and job.seconds < 30
+    assert job.left_in_shm() in ([], None)  # MPICH's file of the node, unlinked by the ranks once set up
     assert sorted(pids(run)) == [0, 1, 2] and len(set(pids(run).values())) == 3
     # round 2's files were being written when rank 2 died in round 3: the committed checkpoint is round 1's
     assert json.loads((run / "checkpoint" / "meta.json").read_text())["round"] == 1
@@ -67,14 +70,25 @@ def test_round_timeout_turns_a_hang_into_one_line_naming_the_rank_its_pid_and_ho
     waited = 8 if hung else 8 + 3  # the server gives up first; client rank 1 three seconds later
     assert f"timed out after {waited} s waiting" in errors[0]
     assert f": rank {hung} (pid {pids(run)[hung]} on {socket.gethostname()}) stopped answering" in errors[0]
-    assert "Traceback" not in job.stderr
+    assert "Traceback" not in job.stderr and job.left_in_shm() in ([], None)
+
+
+def test_a_round_timeout_shorter_than_the_set_up_is_a_user_error_in_one_line(data_root, tmp_path):
+    """--round-timeout 0.01: the server gives up while the client host still sets up.  Before: a traceback (in one
+    process) or 'rank 0 failed while starting: MpiflError ... at mpi.py:157' (under mpirun), exit 1."""
+    job = run_here(*_args(data_root, tmp_path / "r", *SMALL, "--round-timeout", "0.01"))
+    assert job.returncode == 2 and job.stderr.splitlines() == [
+        f"mpifl: error: timed out after 0.01 s waiting for rank 1 (pid {os.getpid()} on {socket.gethostname()}, "
+        "thread mpifl-rank-1) to finish setting up: --round-timeout must exceed the set-up and the longest round; "
+        "raise it (0: no limit)"], job.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_with_its_host(data_root, tmp_path):
     """SIGSTOP freezes rank 2 whole, heartbeats included, as a node that stopped answering would: after --peer-timeout
     rank 0 names it once, with its pid and host, in log.txt too, and ends the job (exit 69); nothing hangs."""
     run = tmp_path / "r"
-    command = [*mpirun_command(3), sys.executable, "-m", "mpifl.run",
+    command = [*mpirun_command(3, report=True), sys.executable, "-m", "mpifl.run",
                *_args(data_root, run, "--peer-timeout", "3", *SMALL)]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO), **AS_ROOT})
@@ -96,13 +110,17 @@ def test_a_rank_that_stops_answering_is_lost_after_the_peer_timeout_and_named_wi
                       "over 3 s (--peer-timeout 3): its node failed or is cut off the network; no checkpoint was "
                       "taken (--ckpt-every N takes them): run again with another --out"], err
     assert (run / "log.txt").read_text().splitlines()[-1] == errors[0]
+    assert shm_report(err)[1] in ([], None)
 
 
-def test_an_exception_on_the_server_ends_the_job_with_its_line(data_root, tmp_path):
+def test_an_exception_on_the_server_ends_the_job_with_its_line_and_leaves_no_shared_memory(data_root, tmp_path):
+    """MPI_Abort skips the MPI library's own removal of its shared memory: MPICH left its 1-3 MB file of the node
+    in /dev/shm after every job ended so (here the job's own /dev/shm, tests/conftest.py private_shm)."""
     job = launch(3, *_args(data_root, tmp_path / "r", *SMALL), env={"MPIFL_FAULT": "raise:rank=0,round=2"}, timeout=90)
     assert job.returncode == 1 and job.seconds < 60
     lines = job.lines("mpifl: rank 0 failed: RuntimeError: injected fault")
     assert len(lines) == 1 and (tmp_path / "r" / "traceback-rank0.txt").exists()
+    assert job.left_in_shm() in ([], None)
 
 
 @pytest.mark.parametrize("fault", ["raise:rank=0,round=2", "raise:rank=1,round=2", "hang:rank=0,round=2"])
@@ -186,4 +204,4 @@ def test_a_rank_failing_while_importing_ends_the_job_instead_of_hanging_it(data_
     job = launch(3, *_args(data_root, tmp_path / "r"), env={"MPIFL_FAULT": "raise:rank=2,round=0"}, timeout=90)
     assert job.returncode == 1 and job.seconds < 30
     lines = job.lines("mpifl: rank 2 failed while starting: RuntimeError: injected fault")
-    assert len(lines) == 1 and "Traceback" not in job.stderr
+    assert len(lines) == 1 and "Traceback" not in job.stderr and job.left_in_shm() in ([], None)

@@ -59,7 +59,8 @@ def _numbers(records):
 @pytest.mark.parametrize("aug,ranks", [("none", (2, 3, 5)), ("fedrdn", (3,))])
 def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, aug, ranks):
     """FedRDN's statistics exchange is checked on one placement only: 5 ranks on 2 cores take 20 s.  Rank 0 of the
-    3-rank runs folds on 3 cores (itself and two helper processes, each a third of smallcnn's 24 blocks)."""
+    3-rank runs folds on 2 cores (itself and a helper process, each half of smallcnn's 24 blocks; a helper beyond
+    the cores rank 0 may run on would not start)."""
     extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--threads", "1",
              "--aug", aug)
     job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
@@ -67,14 +68,14 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
     in_process = read_metrics(tmp_path / "in-process")
     results = {}
     for n in ranks:
-        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra, *("--fold-threads", "3") * (n == 3)))
+        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra, *("--fold-threads", "2") * (n == 3)))
         assert job.returncode == 0, job.stderr
         results[n] = _numbers(read_metrics(tmp_path / f"n{n}"))
     assert all(numbers == _numbers(in_process) for numbers in results.values())
     assert len(results[ranks[0]][0]["clients"]) == 5  # 10 clients, fraction 0.5
     if 2 in ranks:  # one client host, as in one process: the wire bytes too
         assert untimed(in_process) == untimed(read_metrics(tmp_path / "n2"))
-    assert "folds the uploads on 3 cores (itself and 2 helper processes)" in (tmp_path / "n3" / "log.txt").read_text()
+    assert "folds the uploads on 2 cores (itself and 1 helper process)" in (tmp_path / "n3" / "log.txt").read_text()
 
 
 @pytest.mark.parametrize("algo,ranks", [("gperxan", (2, 3, 4)), ("fednn", (4,))])
@@ -89,7 +90,7 @@ def test_a_held_out_domain_is_evaluated_by_every_client_rank_to_the_same_numbers
     in_process = _numbers(read_metrics(tmp_path / "in-process"))
     assert in_process[-1]["eval"]["global"]["test"]["domains"]["street"]["n"] == 1100
     for n in ranks:
-        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra, *("--fold-threads", "3") * (n == 3)))
+        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra, *("--fold-threads", "2") * (n == 3)))
         assert job.returncode == 0, job.stderr
         assert _numbers(read_metrics(tmp_path / f"n{n}")) == in_process
         evaluated = [int(line.split("; evaluates ")[1].split(" images")[0].replace(",", ""))

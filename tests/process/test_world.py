@@ -12,25 +12,35 @@ from pathlib import Path
 
 import pytest
 
-from mpifl.process.world import (LAUNCHER_RANK, LAUNCHER_SIZE, PMI_VARIABLES, forget_inherited_launcher,
-                                 launched_world, launcher_mismatch, launcher_rank, launcher_size)
+from mpifl.process.world import (LAUNCHER_RANK, LAUNCHER_SIZE, PMI_VARIABLES, PMIX_SERVER, PMIX_VARIABLES,
+                                 forget_inherited_launcher, launched_world, launcher_mismatch, launcher_rank,
+                                 launcher_size)
 
-from ..conftest import AS_ROOT, REPO, mpirun_command, mpirun_path, open_mpi
+from ..conftest import AS_ROOT, REPO, mpirun_command, mpirun_path, open_mpi, private_shm, run_in_process
+
+#: what a PMIx launcher (Open MPI's prterun, srun --mpi=pmix) gives a process it starts: how it reaches the server
+PMIX_LINK = {"PMIX_SERVER_URI41": "prterun-node1-812@0.0;tcp4://127.0.0.1:1"}
+
+
+def _launcher_variable(name: str) -> bool:
+    return (name in LAUNCHER_SIZE + LAUNCHER_RANK + PMI_VARIABLES + PMIX_VARIABLES
+            or name.startswith((PMIX_SERVER, "OMPI_COMM_WORLD_", "MV2_COMM_WORLD_")))
+
 
 def _without_launcher() -> dict:
     """This process's environment without any launcher's variables (a test may itself run under one)."""
-    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_SIZE + LAUNCHER_RANK + PMI_VARIABLES}
+    return {k: v for k, v in os.environ.items() if not _launcher_variable(k)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size,rank", [
-    (("OMPI_COMM_WORLD_SIZE", "3"), ("OMPI_COMM_WORLD_RANK", "0")),  # Open MPI's mpirun, any library
-    (("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "0")),  # srun with a PMI the library does not speak
+@pytest.mark.parametrize("size,rank,link", [
+    (("OMPI_COMM_WORLD_SIZE", "3"), ("OMPI_COMM_WORLD_RANK", "0"), PMIX_LINK),  # Open MPI's mpirun, any library
+    (("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "0"), {}),  # srun with a PMI the library does not speak
 ])
 def test_a_launcher_of_several_processes_that_mpi_sees_as_one_is_refused_before_anything_is_written(
-        tmp_path, size, rank):
+        tmp_path, size, rank, link):
     out = tmp_path / "run"
-    env = {**_without_launcher(), size[0]: size[1], rank[0]: rank[1]}
+    env = {**_without_launcher(), size[0]: size[1], rank[0]: rank[1], **link}
     job = _bare(["--rounds", "1", "--out", str(out)], env, tmp_path)
     lines = [line for line in job.stderr.splitlines() if line.startswith("mpifl: ")]
     assert job.returncode == 2 and len(lines) == 1, job.stderr
@@ -86,8 +96,9 @@ def _bare(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
 @pytest.fixture
 def no_launcher(monkeypatch):
     """This process's environment without any launcher's variables; the test sets its own."""
-    for name in LAUNCHER_SIZE + LAUNCHER_RANK + PMI_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if _launcher_variable(name):
+            monkeypatch.delenv(name)
     return monkeypatch
 
 
@@ -145,6 +156,62 @@ def test_stale_variables_of_a_process_no_launcher_started_are_refused_by_it_in_o
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("size,rank,link,also,unset", [
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "no PMIX_SERVER_URI* is set", ["OMPI_COMM_WORLD_LOCAL_RANK"],
+     "-u OMPI_COMM_WORLD_LOCAL_RANK -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE"),
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK", "neither PMI_FD nor PMI_PORT is set", [],
+     "-u MV2_COMM_WORLD_RANK -u MV2_COMM_WORLD_SIZE"),
+    ("PMIX_SIZE", "PMIX_RANK", "no PMIX_SERVER_URI* is set", ["PMIX_NAMESPACE"],
+     "-u PMIX_SIZE -u PMIX_RANK -u PMIX_NAMESPACE"),
+])
+@pytest.mark.parametrize("stale_rank", ["0", "1"])
+def test_a_launchers_variables_left_in_a_shell_are_refused_by_the_process_itself(no_launcher, size, rank, link,
+                                                                                   also, unset, stale_rank):
+    """Open MPI's, MVAPICH2's or PMIx's variables of another job, without the way to reach a launcher: whatever rank
+    they say, this process says so in one line naming them and the fix (before MPI starts: MPICH's MPI_Init
+    aborts on PMIx's), not rank 0 of a launcher that does not exist."""
+    for name, value in {size: "2", rank: stale_rank, **dict.fromkeys(also, "0")}.items():
+        no_launcher.setenv(name, value)
+    refused = launcher_mismatch()
+    assert refused.says_it and refused.line == (
+        f"mpifl: error: {size}=2 and {rank}={stale_rank} say this is process {stale_rank} of 2, but no launcher "
+        f"started it ({link}: they are left over from another job); start the job with mpirun, or unset them (env "
+        f"{unset} python -m mpifl.run ...) to run it in one process")
+
+
+def test_pmix_variables_alone_are_refused_under_mpich_before_mpi_init_aborts_on_them(no_launcher, monkeypatch):
+    from mpifl.process import world
+
+    monkeypatch.setattr(world, "_library_family", lambda: "mpich")
+    no_launcher.setenv("PMIX_RANK", "1")
+    refused = launcher_mismatch()
+    assert refused.says_it and refused.line == (
+        "mpifl: error: PMIX_RANK is a launcher's variable, but no launcher started this process (no PMIX_SERVER_URI* "
+        "is set: they are left over from another job); start the job with mpirun, or unset them (env -u PMIX_RANK "
+        "python -m mpifl.run ...) to run it in one process")
+    monkeypatch.setattr(world, "_library_family", lambda: "openmpi")  # a world of one to Open MPI: it runs
+    assert launcher_mismatch() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stale", [{"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
+                                   {"MV2_COMM_WORLD_SIZE": "2", "MV2_COMM_WORLD_RANK": "1"},
+                                   {"PMIX_SIZE": "2", "PMIX_RANK": "1"}])
+def test_stale_variables_of_any_launcher_end_the_process_with_one_line_and_exit_2(tmp_path, stale):
+    """Before: exit 2 and not a word (rank 1 of a launcher that does not exist), or MPICH's 6-line MPI_Init abort,
+    exit 15, for PMIx's; MPI never starts, so no shared memory is left either."""
+    env = {**_without_launcher(), **stale}
+    job = run_in_process("--rounds", "1", "--out", str(tmp_path / "run"), env=env, cwd=tmp_path,
+                         prefix=tuple(private_shm(report=True)))
+    lines = [line for line in (job.stdout + job.stderr).splitlines() if line.startswith(("mpifl", "Abort", "["))]
+    assert job.returncode == 2 and len(lines) == 1, job.stderr
+    names = " and ".join(f"{name}={value}" for name, value in stale.items())
+    assert lines[0].startswith(f"mpifl: error: {names} say this is process 1 of 2, but no launcher started it (")
+    assert list(tmp_path.iterdir()) == []
+    if private_shm():
+        assert job.left_in_shm() == []
+
+
 @pytest.mark.slow
 def test_a_child_of_a_launched_process_runs_without_a_launcher(tmp_path):
     """As a sweep or a fingerprint run under mpirun -n 1 starts python -m mpifl.run: it inherits the launcher's
@@ -160,8 +227,8 @@ def test_a_child_of_a_launched_process_runs_without_a_launcher(tmp_path):
 def test_a_launched_process_without_mpi4py_is_refused_in_one_line_and_alone_runs(no_launcher):
     no_launcher.setitem(sys.modules, "mpi4py", None)  # import mpi4py then fails as where it is not installed
     assert launched_world() == (0, 1)
-    no_launcher.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    no_launcher.setenv("OMPI_COMM_WORLD_RANK", "0")
+    for name, value in {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", **PMIX_LINK}.items():
+        no_launcher.setenv(name, value)
     refused = launcher_mismatch()
     assert refused.says_it and "\n" not in refused.line and refused.line.startswith(
         "mpifl: error: started as one of 2 processes (OMPI_COMM_WORLD_SIZE=2), but mpi4py is not installed; install "
@@ -212,3 +279,17 @@ def test_under_mpirun_without_an_mpi_library_the_job_is_refused_in_one_line(pyth
     assert lines[0].startswith("mpifl: error: started as one of 2 processes (") and not out.exists()
     assert "mpi4py finds no usable MPI library (cannot load MPI library); install one (pip install mpich)" in lines[0]
     assert "pip install --no-binary=mpi4py mpi4py" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_process_that_starts_mpi_without_a_launcher_leaves_no_shared_memory(data_root, tmp_path):
+    """Under Open MPI a process that starts MPI alone (no launcher's daemon to remove it) left its 16 MB
+    sm_segment in /dev/shm, even on exit 0: --show-manifest, a one-process run, a launcher of another MPI refused."""
+    if not private_shm():
+        pytest.skip("needs a /dev/shm of the test's own (root: tests/conftest.py private_shm)")
+    prefix = tuple(private_shm(report=True))
+    shown = run_in_process("--data-root", str(data_root), "--show-manifest", prefix=prefix)
+    assert shown.returncode == 0 and shown.left_in_shm() == [], shown.stderr
+    other = {**_without_launcher(), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "0", **PMIX_LINK}
+    refused = run_in_process("--rounds", "1", env=other, cwd=tmp_path, prefix=prefix)
+    assert refused.returncode == 2 and refused.left_in_shm() == [], refused.stderr

@@ -129,7 +129,7 @@ def test_a_rank_that_never_arrives_times_the_others_out_naming_it():
     def body(comm):
         if comm.rank == 2:
             return None
-        with pytest.raises(MpiflError, match=r"timed out after 0 s waiting for the uploads: rank 2 \(pid \d+ on .+, "
+        with pytest.raises(MpiflError, match=r"timed out after 0\.2 s waiting for the uploads: rank 2 \(pid \d+ on .+, "
                                              r"thread mpifl-rank-2\) stopped answering"):
             comm.arrive("the uploads")
         return True

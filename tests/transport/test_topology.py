@@ -34,3 +34,10 @@ def test_client_ranks_bound_to_cores_of_their_own_leave_rank_0_all_of_its():
 
 def test_fold_threads_given_are_taken_as_given_and_fold_behind_the_receives():
     assert fold_threads(_server((0, 1, 2)), 3, [ALL] * 3, [1, 8, 8]) == (3, True)
+
+
+def test_fold_threads_given_beyond_rank_0s_cores_fold_on_its_cores():
+    """--fold-threads 32 where rank 0 may run on 2 cores: 2, not 31 helpers waiting for a core (2.7 GB)."""
+    two = frozenset({0, 1})
+    assert fold_threads(_server((0, 1, 2), cores=2), 32, [two] * 3, [1, 2, 2]) == (2, True)
+    assert fold_threads(_server((0, 1, 2), cores=2), 2, [two] * 3, [1, 2, 2]) == (2, True)

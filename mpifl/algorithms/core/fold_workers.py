@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
@@ -157,6 +158,7 @@ class _Helper:
                                             stdin=subprocess.DEVNULL, env=env)
         self.socket = ours
         self.mapped: set[int] = set()  # the segments it has mapped
+        self.asked = 0.0  # when it was last asked to fold (time.monotonic())
 
     def request(self, sums: str, run: list, segments: set[int], zero: bool) -> None:
         """Ask it to fold ``run`` of ``sums`` (described, :meth:`_Segments.describe`, in JSON; ``zero``: from
@@ -166,17 +168,28 @@ class _Helper:
         gone = sorted(self.mapped - set(live))
         self.mapped = (self.mapped - set(gone)) | set(new)
         head = json.dumps({"new": [[s, live[s][1]] for s in new], "gone": gone, "run": run, "zero": zero})
+        self.asked = time.monotonic()
         try:
             fold_helper.send(self.socket, f'{head[:-1]}, "sums": {sums}}}'.encode(), [live[s][2] for s in new])
         except OSError:  # it has gone: reply() says how
             pass
 
-    def reply(self) -> str | None:
-        """Wait for the fold asked for; what went wrong, if anything did."""
+    def reply(self, deadline: float | None = None) -> str | None:
+        """Wait for the fold asked for, until ``deadline`` (``time.monotonic()``; None: for ever); what went wrong,
+        if anything did.  A helper that has not answered by then (stopped, or hung) is killed."""
+        self.socket.settimeout(None if deadline is None else max(1e-3, deadline - time.monotonic()))  # 0: no wait
         try:
             received = fold_helper.receive(self.socket)
+        except TimeoutError:
+            self.process.kill()  # a stopped process too
+            self.process.wait()
+            return (f"rank 0's fold helper process (pid {self.process.pid}) did not answer for "
+                    f"{time.monotonic() - self.asked:.0f} s (--round-timeout): it was stopped or hung; fold without "
+                    "helpers (--fold-threads 1)")
         except OSError:
             received = None
+        finally:
+            self.socket.settimeout(None)
         if received is not None:
             return received[0].get("error")
         try:
@@ -200,14 +213,16 @@ class _Helper:
 class FoldWorkers:
     """``count`` workers that share every fold by element ranges: the thread that folds and ``helpers`` helper
     processes, ``count - 1`` (none where the platform has no ``memfd_create``), which run while the workers are
-    entered (``with``).  With ``behind``, :class:`~.reduction.Behind` folds on one more thread of rank 0 while its
+    entered (``with``); a fold waits ``timeout`` seconds at most for its helpers (else it fails, naming the helper
+    that did not answer).  With ``behind``, :class:`~.reduction.Behind` folds on one more thread of rank 0 while its
     caller receives (rank 0 has a core that no client rank trains on); without, in the caller's thread as uploads
     are handed over.  Made once (by the server) and reused every round."""
 
-    def __init__(self, count: int = 1, behind: bool = True):
+    def __init__(self, count: int = 1, behind: bool = True, timeout: float | None = None):
         if count < 1:
             raise ValueError(f"{count} fold workers")
         self.count, self.behind = count, behind
+        self.timeout = timeout  # seconds a fold waits for its helpers (rank 0's --round-timeout); None: for ever
         self.helpers = count - 1 if SHARED else 0
         self._helpers: list[_Helper] = []  # while entered
         self._lock = threading.Lock()  # one fold at a time on the helpers
@@ -267,7 +282,8 @@ class FoldWorkers:
             try:
                 fold_run(sums, runs[0], zero)
             finally:  # the helpers read and write these arrays until they reply
-                failures = [failure for failure in (helper.reply() for helper in self._helpers) if failure]
+                deadline = None if self.timeout is None else time.monotonic() + self.timeout
+                failures = [failure for failure in (helper.reply(deadline) for helper in self._helpers) if failure]
             if failures:
                 raise MpiflError(failures[0])
 

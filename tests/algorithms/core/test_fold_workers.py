@@ -157,3 +157,19 @@ def test_helpers_ignore_stop_signals_and_end_with_their_workers():
                 os.kill(pid, stop)
         np.testing.assert_array_equal(_fold(pool, uploads, coefficients), _reference(uploads, coefficients))
     assert [helper.process.returncode for helper in helpers] == [0, 0]
+
+
+def test_a_stopped_helper_is_named_after_the_timeout_and_killed():
+    """``kill -STOP`` on a helper under --round-timeout: rank 0's fold gives up after the timeout, naming the helper
+    and the fix, instead of waiting until a client rank times out blaming the uploads."""
+    with FoldWorkers(2, timeout=1.0) as pool:
+        uploads, coefficients = _uploads(pool, 4 * SUM_BLOCK, 2)
+        _fold(pool, uploads, coefficients)  # the helper is up
+        helper = pool._helpers[0].process
+        os.kill(helper.pid, signal.SIGSTOP)
+        with pytest.raises(MpiflError) as failed:
+            _fold(pool, uploads, coefficients)
+        assert str(failed.value) == (f"rank 0's fold helper process (pid {helper.pid}) did not answer for 1 s "
+                                     "(--round-timeout): it was stopped or hung; fold without helpers "
+                                     "(--fold-threads 1)")
+        assert helper.returncode == -signal.SIGKILL  # not left stopped behind rank 0
