@@ -44,8 +44,9 @@ OWN_OPTIONS = {"fixbn": ["--fixbn-stage-rounds", "1"], "fedbabu": ["--fedbabu-fi
                "ccst": ["--ccst-k", "1", "--samples-per-client", "32"]}
 UNTIMED = ("seconds", "rank_seconds", "memory")  # what differs from one run of the same numbers to the next
 #: What --with takes, of mpifl.plan.config.RESUMABLE: rank 0's fold cores (the same bits for any count), the
-#: clients' private state kept in memory (results identical), the timeouts, where GPU messages live
-NEUTRAL = ("fold_threads", "private_memory", "round_timeout", "peer_timeout", "gpu_buffers")
+#: clients' private state kept in memory (results identical), the timeouts, where GPU messages live, the live
+#: trackers (they read the records)
+NEUTRAL = ("fold_threads", "private_memory", "round_timeout", "peer_timeout", "gpu_buffers", "track")
 #: and what it refuses (the module's docstring says why; a streamed split's evaluation batches end at its blocks:
 #: docs/design.md, "Evaluation, spread by batches"); the two are all of RESUMABLE (tests/test_fingerprint.py)
 CHANGING = ("rounds", "data_root", "threads", "ckpt_every", "device", "deterministic", "eval_batch_size",
