@@ -101,9 +101,10 @@ def _diverged(algo: Algorithm, client: ClientState, round_index: int, epoch: int
     changed = [f"{o.flag} {algo.cfg.opt(o.name)!r}" for o in algo.options if algo.cfg.opt(o.name) != o.default]
     return (f"loss is {first_loss} for {who} on its first batch of round {round_index}, before any local step: the "
             f"model it started from (round {round_index - 1}'s aggregation by {algo.name}, with any entries the client "
-            "keeps) diverged; check "
-            + (f"the options this run changed ({', '.join(changed)}) and --lr" if changed else
-               f"--lr and {algo.name}'s options (--help)"))
+            "keeps) diverged; "
+            + (f"check the options this run changed ({', '.join(changed)}), or lower --lr" if changed else
+               f"lower --lr (the clients' local steps of round {round_index - 1} went into it) or check "
+               f"{algo.name}'s options (--help)"))
 
 
 @torch.no_grad()
