@@ -102,8 +102,10 @@ def launcher_mismatch() -> Refusal | None:
     Refused: a launcher says the job has several processes, and mpi4py cannot be imported or its MPI sees a
     world of one; or a launcher's variables are here without the way to reach it (none started this process,
     which says so itself, whatever its rank: no other process is there to say it; also PMIx's variables of any
-    size under MPICH, whose ``MPI_Init`` would abort on them).  These, and Open MPI's launcher with an MPICH
-    library (which would abort inside ``MPI_Init``, unable to speak PMIx), are refused before the library starts.
+    size under MPICH, whose ``MPI_Init`` would abort on them).  A PMIx launcher's (Open MPI's, PMIx's), and Open
+    MPI's launcher with an MPICH library (which would abort inside ``MPI_Init``, unable to speak PMIx), are refused
+    before the library starts; a PMI launcher's (Hydra's, MVAPICH2's) once the library sees a world of one, since
+    a launcher may reach its processes by other means than ``PMI_FD`` or ``PMI_PORT`` (Cray's PMI).
     ``mpirun -n 1`` and no launcher at all are a world of one on both sides.
     """
     size, variable = launcher_size()
@@ -117,7 +119,7 @@ def launcher_mismatch() -> Refusal | None:
     if variable == "PMI_SIZE" and _pmi_link() == "inherited":  # before MPI_Init, which would abort on it
         return _unlaunched(variable, f"its PMI_FD {os.environ['PMI_FD']} is not open here: it inherited them "
                                      "from a process the launcher started")
-    how = _unreachable(variable)
+    how = _unreachable(variable) if _LINKS.get(variable) == "pmix" else None  # a PMI link: once MPI sees 1 (below)
     if how:
         return _unlaunched(variable, f"{how}: they are left over from another job")
     fix = ("start it with the mpirun of the MPI that mpi4py uses" + (f" ({here})" if (here := own_mpirun()) else "")
@@ -132,8 +134,11 @@ def launcher_mismatch() -> Refusal | None:
     except Exception as exc:  # noqa: BLE001: a broken install says why in its own words
         return Refusal(f"mpifl: error: {said}, but {_no_mpi(exc)}, or on a cluster build mpi4py against the site "
                        "MPI (pip install --no-binary=mpi4py mpi4py)", rank == 0)
-    if MPI.COMM_WORLD.size > 1:
+    if MPI.COMM_WORLD.size > 1:  # a launcher reached some other way (Cray's PMI under srun: PMI_CONTROL_PORT)
         return None
+    how = _unreachable(variable)
+    if how:
+        return _unlaunched(variable, f"{how}: they are left over from another job")
     library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split())
     where = loaded_libmpi()
     return Refusal(f"mpifl: error: {said}, but mpi4py's MPI ({library}{', ' + where if where else ''}) sees a world "

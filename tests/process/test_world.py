@@ -179,6 +179,20 @@ def test_a_launchers_variables_left_in_a_shell_are_refused_by_the_process_itself
         f"{unset} python -m mpifl.run ...) to run it in one process")
 
 
+@pytest.mark.parametrize("size,rank", [("PMI_SIZE", "PMI_RANK"), ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK")])
+def test_a_pmi_launcher_reached_another_way_than_pmi_fd_or_pmi_port_is_joined(no_launcher, monkeypatch, size, rank):
+    """Cray's PMI under srun sets PMI_SIZE and PMI_RANK and is reached through PMI_CONTROL_PORT: the library sees
+    the whole world, and the job runs; only a world of one makes such variables stale."""
+    from types import SimpleNamespace
+
+    from mpifl.process import world
+
+    for name, value in {size: "2", rank: "1", "PMI_CONTROL_PORT": "6000"}.items():
+        no_launcher.setenv(name, value)
+    monkeypatch.setattr(world, "_mpi", lambda: SimpleNamespace(COMM_WORLD=SimpleNamespace(size=2)))
+    assert launcher_mismatch() is None
+
+
 def test_pmix_variables_alone_are_refused_under_mpich_before_mpi_init_aborts_on_them(no_launcher, monkeypatch):
     from mpifl.process import world
 
