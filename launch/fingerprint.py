@@ -112,7 +112,7 @@ def check_with(words: list[str]) -> None:
     import click
 
     from mpifl.errors import MpiflError
-    from mpifl.job.cli import build_config, command
+    from mpifl.job.cli import configuration, usage_line
 
     for i, word in enumerate(words):
         if i and words[i - 1].startswith("--") and "=" not in words[i - 1]:
@@ -123,10 +123,9 @@ def check_with(words: list[str]) -> None:
             sys.exit(f"fingerprint: --with {word}: --with takes only an option that cannot change the numbers: "
                      f"{flags} (see --help)")
     try:
-        ctx = command().make_context("python -m mpifl.run", list(words))
-        build_config(ctx, None, dict(ctx.params))
+        configuration(words)
     except click.ClickException as exc:
-        sys.exit(f"fingerprint: --with {' '.join(words)}: {' '.join(exc.format_message().split()).rstrip('.')}")
+        sys.exit(f"fingerprint: --with {' '.join(words)}: {usage_line(exc)}")
     except MpiflError as exc:
         sys.exit(f"fingerprint: --with {' '.join(words)}: {exc}")
 

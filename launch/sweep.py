@@ -51,7 +51,7 @@ import click  # noqa: E402  (after the path above)
 
 from mpifl.algorithms import all_options  # noqa: E402
 from mpifl.errors import MpiflError  # noqa: E402
-from mpifl.job.cli import build_config, command  # noqa: E402
+from mpifl.job.cli import command, configuration, usage_line  # noqa: E402
 from mpifl.plan.config import CORE_KEYS, resolve  # noqa: E402
 from mpifl.rundir.checkpoint import committed_round  # noqa: E402
 from mpifl.rundir.names import CONFIG, LOG, SUMMARY_CSV  # noqa: E402
@@ -135,7 +135,7 @@ def parse_run(args: list[str]) -> click.Context:
     try:
         return command().make_context(PROG, list(args))
     except click.ClickException as exc:
-        raise SweepError(" ".join(exc.format_message().split()).rstrip(".")) from None
+        raise SweepError(usage_line(exc)) from None
 
 
 def check_common(common: list[str], grid: list[tuple[str, list]], seeds) -> None:
@@ -160,13 +160,10 @@ def run_config(config: Path, run_dir: Path, common: list[str]) -> tuple[dict, li
     """The whole configuration ``launch/local.sh --config CONFIG --out RUN_DIR COMMON`` runs, as its
     ``config.json`` will hold it (resolved by mpifl's own command line: defaults, --preset, the file, the flags),
     and mpifl's warnings about it."""
-    ctx = parse_run(["--config", str(config), "--out", str(run_dir), *common])
-    values = dict(ctx.params)
-    config_file = values.pop("config_file")
-    values.pop("show_manifest")
-    values.pop("resume")
     try:
-        cfg, warnings = build_config(ctx, config_file, values)
+        cfg, warnings = configuration(["--config", str(config), "--out", str(run_dir), *common])
+    except click.ClickException as exc:
+        raise SweepError(usage_line(exc)) from None
     except MpiflError as exc:
         raise SweepError(str(exc)) from None
     return json.loads(json.dumps(cfg.to_flat())), warnings

@@ -98,7 +98,7 @@ from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
 from .errors import MpiflError
-from .job import cli
+from .job.cli import configuration, usage_line
 from .models import build_model
 from .plan.config import RunConfig
 from .plan.placement import place_clients
@@ -579,15 +579,10 @@ def check_device(device: str) -> None:
 def run_config(args: Sequence[str]) -> RunConfig:
     """The configuration mpifl.run makes of ``args``, refused in one line as mpifl.run refuses it, without
     starting it."""
-    command = cli.command()
     try:
-        ctx = command.make_context("python -m mpifl.run", list(args))
+        return configuration(args)[0]
     except click.ClickException as exc:
         raise MpiflError(f"mpifl.run refuses {' '.join(args)}: {exc.format_message()}") from None
-    values = dict(ctx.params)
-    for name in ("config_file", "show_manifest", "resume"):
-        values.pop(name)
-    return cli.build_config(ctx, None, values)[0]
 
 
 def checked_session(args: Sequence[str], client_ranks: int) -> Session:
@@ -654,8 +649,7 @@ class BenchCommand(click.Command):
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.ClickException as exc:
-            message = " ".join(exc.format_message().split()).rstrip(".")
-            raise OneLine(f"{message}; see `python -m mpifl.bench --help`", exc.exit_code) from None
+            raise OneLine(f"{usage_line(exc)}; see `python -m mpifl.bench --help`", exc.exit_code) from None
 
     def invoke(self, ctx):
         try:

@@ -113,13 +113,9 @@ def test_an_unknown_grid_key_or_common_option_is_refused_once_and_nothing_is_wri
 
 def _run_config(args: list[str]) -> dict:
     """config.json of ``python -m mpifl.run ARGS``, as mpifl's command line resolves it."""
-    from mpifl.job.cli import build_config, command
+    from mpifl.job.cli import configuration
 
-    ctx = command().make_context("python -m mpifl.run", args)
-    values = dict(ctx.params)
-    config_file = values.pop("config_file")
-    del values["show_manifest"], values["resume"]
-    return json.loads(json.dumps(build_config(ctx, config_file, values)[0].to_flat()))
+    return json.loads(json.dumps(configuration(args)[0].to_flat()))
 
 
 def test_a_point_is_done_only_if_its_run_has_the_whole_configuration_it_asks_now(sweep, capsys, tmp_path):

@@ -10,6 +10,7 @@ import contextlib
 import io
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import click
 from click.core import ParameterSource
@@ -248,6 +249,21 @@ def build_config(ctx: click.Context, config_file: str | None, values: dict,
     return cfg, warnings
 
 
+def usage_line(exc: click.ClickException) -> str:
+    """Click's message of a usage error as one line, without its closing full stop."""
+    return " ".join(exc.format_message().split()).rstrip(".")
+
+
+def configuration(args: Sequence[str]) -> tuple[RunConfig, list[str]]:
+    """What ``python -m mpifl.run ARGS`` would run, and its warnings, without running it (the launch scripts and the
+    benchmark check their runs so): a usage error raises click's exception, a refused option :class:`MpiflError`."""
+    ctx = command().make_context("python -m mpifl.run", list(args))
+    values = dict(ctx.params)
+    config_file, resume = values.pop("config_file"), values.pop("resume")
+    del values["show_manifest"]
+    return build_config(ctx, config_file, values, resume)
+
+
 def _resumed_config(run_dir: str, config_file: str | None, cli_values: dict) -> Path:
     """``--resume RUN_DIR``: the run's own config.json, which only :data:`RESUMABLE` options may change.
 
@@ -326,8 +342,7 @@ def invoke(cmd: click.Command, args: list[str] | None = None, rank: int = 0) -> 
         sys.exit(done.exit_code)
     except click.ClickException as exc:
         if rank == 0:
-            message = " ".join(exc.format_message().split()).rstrip(".")
-            sys.stderr.write(f"mpifl: error: {message}; see `python -m mpifl.run --help`\n")
+            sys.stderr.write(f"mpifl: error: {usage_line(exc)}; see `python -m mpifl.run --help`\n")
         sys.exit(exc.exit_code)
     with ctx:
         cmd.invoke(ctx)

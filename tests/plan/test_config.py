@@ -113,12 +113,9 @@ def test_a_mapping_inside_a_config_file_value_reads_as_a_mapping(tmp_path):
         assert read_config_file(tmp_path / name) == {"notes": {"a": 1, "b": [1, 2]}, "rounds": 2}
 
 
-def _built(*argv, resume=None):
-    from mpifl.job.cli import build_config, command
-    main = command()
-    ctx = main.make_context("mpifl.run", list(argv))
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    return build_config(ctx, ctx.params["config_file"], params, resume)[0]
+def _built(*argv):
+    from mpifl.job.cli import configuration
+    return configuration(argv)[0]
 
 
 @pytest.mark.parametrize("argv,flag,where", [
@@ -144,4 +141,4 @@ def test_where_they_act_or_come_from_a_preset_or_the_resumed_run_they_are_taken(
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({**cfg.to_flat(), "out": str(run)}))
-    assert _built("--rounds", "20", resume=str(run)).input_norm == "fixed"  # a resume reads its own config back
+    assert _built("--rounds", "20", "--resume", str(run)).input_norm == "fixed"  # a resume reads its own config back

@@ -12,7 +12,7 @@ from mpifl.algorithms.core.options import MU, SERVER_LR, declarations
 from mpifl.algorithms.fedavg import FedAvg
 from mpifl.algorithms.fedprox import FedProx
 from mpifl.errors import MpiflError
-from mpifl.job.cli import build_config, command
+from mpifl.job.cli import command, configuration
 from mpifl.plan.config import Option
 
 SHARED = {o.name: o for o in vars(shared).values() if isinstance(o, Option)}
@@ -92,10 +92,7 @@ COUNTS = sorted({(name, o.name, o.minimum) for name, cls in ALGORITHMS.items() f
 
 def _parsed(*argv):
     """The configuration the command line makes of ``argv``, as every rank builds it."""
-    main = command()
-    ctx = main.make_context("mpifl.run", list(argv))
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    return build_config(ctx, None, params)[0]
+    return configuration(argv)[0]
 
 
 def test_every_count_a_method_takes_declares_its_least_value_and_one_below_it_is_never_declared():

@@ -193,7 +193,7 @@ def test_each_fold_of_holdout_all_is_a_tracker_run_grouped_by_its_folder(tmp_pat
 
 
 def test_the_cost_line_of_the_log_reads_back_per_record():
-    log = ("round 1 ...\ntracking: 4 records handed to the trackers in 0.8 ms of the round loop; CPU per record in each "
-           "tracker's thread: mlflow 8.1 ms, tensorboard 0.5 ms; ending them took 2.3 s (the report's included)\n")
+    log = ("round 1 ...\ntracking: 4 records handed to the trackers in 0.8 ms of the round loop; CPU per record in "
+           "each tracker's thread: mlflow 8.1 ms, tensorboard 0.5 ms; ending them took 2.3 s (the report's included)\n")
     assert tracking_cost(log) == pytest.approx({"round loop": 0.0002, "mlflow": 0.0081, "tensorboard": 0.0005})
     assert tracking_cost("round 1 ...\n") is None
