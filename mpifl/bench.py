@@ -91,7 +91,7 @@ import torch
 import torch.nn.functional as F
 from click.core import ParameterSource
 
-from .algorithms import ALGORITHMS, get_algorithm
+from .algorithms import ALGORITHMS
 from .algorithms.core.fold_workers import FoldWorkers
 from .algorithms.core.reduction import Folding, Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
@@ -107,15 +107,6 @@ from .process.world import own_mpirun
 from .rundir.names import LOG, METRICS
 from .server.tracking.live import check_installed, tracking_cost
 from .session.session import Session, make_session
-
-
-def bench_session(data_root: str, data: str, model_name: str, clients_per_domain: int,
-                  samples_per_client: int, algo: str = "fedavg") -> Session:
-    """The workload's clients and share policy, as ``mpifl.run`` makes them for the same options."""
-    cfg = RunConfig(algo=algo, data=data, data_root=data_root, model=model_name, clients_per_domain=clients_per_domain,
-                    samples_per_client=samples_per_client,
-                    algo_options={o.name: o.default for o in get_algorithm(algo).options})
-    return make_session(cfg, ensure_dataset(data_root, data), num_hosts=1)
 
 
 def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: int, lr: float, threads: int,
@@ -164,22 +155,23 @@ def bare_round_seconds(session: Session, rounds: int, epochs: int, batch_size: i
     return times
 
 
-def placed_bare_rounds(client_ranks: int, sizes: list[int], session_args: tuple,
+def placed_bare_rounds(client_ranks: int, sizes: list[int], run_args: list[str],
                        loop_args: tuple) -> list[tuple[float, float]]:
     """Seconds per round of the bare loop run as the placement runs the clients: one process per client
     rank, all at once, each over that rank's clients; a round lasts as long as its slowest process.  On a
     machine whose cores slow each other down (shared caches, memory bandwidth, hyperthreads) this, not the
     one-process loop divided by the speedup bound, is what the placement allows.  With each round's seconds,
     those of its slowest training (each process's round less its own fold).  ``sizes``: the clients'
-    training samples, as placed."""
+    training samples, as placed; ``run_args``: mpifl.run's options, whose session each process builds
+    (:func:`checked_session`)."""
     hosts = place_clients(sizes, client_ranks)
     with multiprocessing.get_context("spawn").Pool(client_ranks) as pool:
-        per_host = pool.starmap(_bare_on_host, [(session_args, loop_args, host) for host in hosts])
+        per_host = pool.starmap(_bare_on_host, [(run_args, loop_args, host) for host in hosts])
     return [(max(s for s, _ in rounds), max(s - fold for s, fold in rounds)) for rounds in zip(*per_host)]
 
 
-def _bare_on_host(session_args: tuple, loop_args: tuple, clients: list[int]) -> list[tuple[float, float]]:
-    return bare_round_seconds(bench_session(*session_args), *loop_args, only=clients)
+def _bare_on_host(run_args: list[str], loop_args: tuple, clients: list[int]) -> list[tuple[float, float]]:
+    return bare_round_seconds(checked_session(run_args, 1), *loop_args, only=clients)
 
 
 def simulator_rounds(client_ranks: int | None, data_root: str, data: str, model_name: str, rounds: int, epochs: int,
@@ -761,9 +753,9 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                        "--case cross-silo passes mpifl.run one count: give one, >= 0 (0: automatic)", most=1)
     extra = ("--algo", algo, "--fold-threads", str(folds[0]))
     tracked_extra = (*extra, "--track", track) if track else None
-    session = checked_session(run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
-                                            clients_per_domain, samples_per_client, device, eval_every,
-                                            tracked_extra or extra), ranks[-1])
+    run_args = run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
+                             clients_per_domain, samples_per_client, device, eval_every, tracked_extra or extra)
+    session = checked_session(run_args, ranks[-1])
     if track:
         check_installed(session.cfg)
     target = result_file(json_out, case, started)
@@ -772,7 +764,6 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     bare_device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     workload = (data, model_name, rounds, local_epochs, batch_size, lr)
-    session_args = (data_root, data, model_name, clients_per_domain, samples_per_client, algo)
     sizes = [c.num_train for c in session.clients]
     bare, sims, in_process, placed = [], {k: [] for k in ranks}, [], {k: [] for k in ranks[1:]}
     tracked, costs = {k: [] for k in ranks}, {k: [] for k in ranks}  # --track: rounds, tracking_cost of each run
@@ -781,9 +772,9 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
                                        bare_device, eval_every)[1:]
             for k in ranks[1:]:
-                placed[k] += placed_bare_rounds(k, sizes, session_args, (rounds, local_epochs, batch_size, lr,
-                                                                  threads or max(1, cores // k), bare_device,
-                                                                  eval_every))[1:]
+                placed[k] += placed_bare_rounds(k, sizes, run_args, (rounds, local_epochs, batch_size, lr,
+                                                              threads or max(1, cores // k), bare_device,
+                                                              eval_every))[1:]
             for k in ranks:
                 sims[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain, samples_per_client,
                                             device, Path(tmp) / f"ranks{k}-{repeat}", eval_every, extra, mpirun)[1:]
