@@ -381,8 +381,7 @@ class PeerWatch:
     def _say(self, line: str) -> None:
         """Rank 0's line, on stderr and in the run's ``log.txt``."""
         if self.run_dir is not None:
-            with contextlib.suppress(OSError, MpiflError):
-                self.run_dir.log(line + "\n")
+            self.run_dir.log(line + "\n", best_effort=True)
         _err(line)
 
     def _silence(self, ranks: list[int], seconds: float, error: str | None) -> str:

@@ -132,13 +132,15 @@ class RunDir(Folder):
         return MpiflError(f"{error} (or copy {self.path} to a file system that can hold it, and resume the copy); the "
                           f"checkpoint after round {done} is kept: continue with --resume {self.path}")
 
-    def log(self, text: str) -> None:
+    def log(self, text: str, best_effort: bool = False) -> None:
         """Append ``text`` to ``log.txt`` of the directory this run opened, wherever it is now (never to one made
-        since at its path); nothing once it was removed (the run stops at its next record, :meth:`check`)."""
+        since at its path); nothing once it was removed (the run stops at its next record, :meth:`check`).
+        ``best_effort``: a line that tells of another fault (a lost node, a tracker dropped), also on stderr, is
+        passed over where it cannot be written (a full disk), so that it never becomes a fault of its own."""
         try:
             self.append(LOG, text)
         except MpiflError:
-            if self.intact():
+            if self.intact() and not best_effort:
                 raise
             # removed or replaced: the moved directory, if any, had the log; the next record stops the run
 

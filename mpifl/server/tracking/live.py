@@ -182,8 +182,7 @@ class Tracking:
 
     def _log(self, text: str) -> None:
         if self.run_dir is not None:
-            with contextlib.suppress(OSError):
-                self.run_dir.log(text)
+            self.run_dir.log(text, best_effort=True)
 
 
 def _log(record: dict, metric: str, tracker: Tracker) -> None:

@@ -197,3 +197,22 @@ def test_the_cost_line_of_the_log_reads_back_per_record():
            "each tracker's thread: mlflow 8.1 ms, tensorboard 0.5 ms; ending them took 2.3 s (the report's included)\n")
     assert tracking_cost(log) == pytest.approx({"round loop": 0.0002, "mlflow": 0.0081, "tensorboard": 0.0005})
     assert tracking_cost("round 1 ...\n") is None
+
+
+def test_a_tracker_failing_on_a_full_disk_is_still_said_once_and_closed(tmp_path, monkeypatch, capsys):
+    """The warning also goes to log.txt, which the full disk refuses: the line is still said on stderr, once, and
+    the tracker's thread closes it (the log's refusal does not end the thread with a traceback)."""
+    import errno
+
+    from mpifl.rundir.rundir import RunDir
+
+    run_dir = RunDir(tmp_path)
+    monkeypatch.setattr(run_dir, "append", lambda name, text: (_ for _ in ()).throw(
+        run_dir.failed(name, OSError(errno.ENOSPC, "No space left on device"))))
+    tracker = Recording(fail_at=1)
+    tracking = Tracking([tracker], run_dir=run_dir)
+    tracking.record(record(1))
+    tracking.finish(STOPPED)
+    assert warnings_of(capsys) == ["mpifl: warning: tracking to recording stopped: OSError: [Errno 28] No space left "
+                                   "on device; the run goes on"]
+    assert tracker.closed == [FAILED]
