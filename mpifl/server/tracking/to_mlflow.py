@@ -55,7 +55,7 @@ class MlflowTracker(Tracker):
         # the path quoted, as SQLAlchemy unquotes it: a '?' or '#' in a run directory's name must not cut it short
         self.client = MlflowClient(tracking_uri=_uri() or f"sqlite:///{quote(str((own / 'mlflow.db').absolute()))}")
         if run.continues:
-            self.run_id, self.first_round = run.continues, run.first_round
+            self.run_id, self.first_round = run.continues, run.logs_from
             found = self.client.get_run(self.run_id)  # a store without it raises: the run is refused, named
             if _uri() is None and not found.info.artifact_uri.startswith((own / "artifacts").absolute().as_uri()):
                 raise RuntimeError(f"its artifacts are in {found.info.artifact_uri}, outside this run directory, "
@@ -69,7 +69,7 @@ class MlflowTracker(Tracker):
             name, artifact_location=(own / "artifacts").absolute().as_uri() if _uri() is None else None))
         tags = {"mpifl.run_dir": str(run.path.absolute())} | ({"mpifl.folds": run.group} if run.group else {})
         self.run_id, self.first_round = self.client.create_run(experiment_id, run_name=run.name,
-                                                               tags=tags).info.run_id, 1
+                                                               tags=tags).info.run_id, run.logs_from
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in run.config.items()])
 
     def log(self, step: int, values: dict[str, float]) -> None:

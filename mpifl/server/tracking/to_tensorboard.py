@@ -30,7 +30,7 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_id = f"{TRACKING}/{FOLDER}"
-        self.first_round = run.first_round if run.continues else 1
+        self.first_round = run.logs_from
         self.writer = SummaryWriter(log_dir=str(run.folder / FOLDER), purge_step=self.first_round)
         self.writer.add_text("config", _code(json.dumps(run.config, indent=1)), self.first_round - 1)
         self.writer.flush()

@@ -35,7 +35,7 @@ class WandbTracker(Tracker):
         import wandb
 
         self.run_id = run.continues or "".join(secrets.choice(ID_CHARACTERS) for _ in range(8))
-        self.first_round = run.first_round if run.continues else 1
+        self.first_round = run.logs_from
         folder = os.environ.get("WANDB_DIR") or str(run.folder)
         os.makedirs(folder, exist_ok=True)
         settings = wandb.Settings(console="off", silent=True, save_code=False, disable_git=True,

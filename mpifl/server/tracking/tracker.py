@@ -29,6 +29,12 @@ class TrackedRun:
     first_round: int  # the first round this part of the run logs to a continued tracker run
 
     @property
+    def logs_from(self) -> int:
+        """The first round a tracker logs: :attr:`first_round` where it continues a tracker run, else 1 (a resumed
+        run's earlier rounds too)."""
+        return self.first_round if self.continues else 1
+
+    @property
     def folder(self) -> Path:
         """Where a tracker writes by default: ``<run>/tracking``."""
         return self.path / TRACKING
@@ -41,7 +47,7 @@ class Tracker:
     name: ClassVar[str]  # as --track names it, and the extra that installs it: pip install 'mpifl[<name>]'
 
     run_id: str  # what the checkpoint keeps, so that a resumed run continues this tracker run
-    first_round: int  # the first round to log: 1 for a new tracker run (a resumed run's earlier rounds too)
+    first_round: int  # the first round to log (TrackedRun.logs_from)
 
     @classmethod
     def modules(cls) -> tuple[str, ...]:

@@ -164,7 +164,7 @@ class Capturing(Recording):
     told: list = []
 
     def __init__(self, run):
-        super().__init__(first_round=run.first_round if run.continues else 1)
+        super().__init__(first_round=run.logs_from)
         Capturing.told.append(run)
 
 
