@@ -162,12 +162,12 @@ class Checkpointed:
         if not self._data:
             from mpifl.client.client_data import load_client_data
             from mpifl.client.transforms import TrainTransforms
-            from mpifl.plan.config import parse_transforms
+            from mpifl.plan.config import parse_names
 
             cfg, session = self.cfg, self.session
             self._data = load_client_data(cfg.data_root, session.manifest, session.clients, self.device,
                                           stream_above_gib=cfg.stream_above,
-                                          transforms=TrainTransforms(parse_transforms(cfg.train_transforms)),
+                                          transforms=TrainTransforms(parse_names(cfg.train_transforms)),
                                           input_norm=cfg.input_norm)
             session.inputs.attach(session.clients, self._data, self.device)
             for exchange in session.exchanges:  # as the run's one-time exchanges, every client here

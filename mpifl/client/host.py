@@ -21,7 +21,7 @@ import torch
 
 from ..algorithms import ClientState
 from ..errors import MpiflError
-from ..plan.config import parse_transforms
+from ..plan.config import parse_names
 from ..plan.seeding import personalization_seeds
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
@@ -64,7 +64,7 @@ class ClientHost:
         kept = [spec for spec in specs if spec.trains or bound(spec, session.algo, session.cfg)]
         self.data = load_client_data(session.cfg.data_root, session.manifest, kept, device,
                                      stream_above_gib=session.cfg.stream_above,
-                                     transforms=TrainTransforms(parse_transforms(session.cfg.train_transforms)),
+                                     transforms=TrainTransforms(parse_names(session.cfg.train_transforms)),
                                      input_norm=session.cfg.input_norm)
         cfg = session.cfg
         self.precision = Precision(cfg.precision, device, cfg.channels_last)

@@ -28,18 +28,13 @@ LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.op
 TRANSFORMS = ("flip", "rotate", "rot90-flip", "crop", "jitter", "jitter-hue")
 
 
-def parse_transforms(text: str) -> tuple[str, ...]:
-    """``--train-transforms``: ``"flip,crop"`` -> ("flip", "crop"); "" or "none" -> ()."""
-    return tuple(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none")
-
-
 #: ``--track``: where rank 0 sends the run's records while it goes on (mpifl.server.tracking)
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 
 
-def parse_track(text: str) -> tuple[str, ...]:
-    """``--track``: ``"mlflow, tensorboard"`` -> ("mlflow", "tensorboard"), each once, in the given order; "" or "none"
-    -> ()."""
+def parse_names(text: str) -> tuple[str, ...]:
+    """A comma list option of names (``--train-transforms``, ``--track``): ``"flip, crop"`` -> ("flip", "crop"),
+    each once, in the given order; "" or "none" -> ()."""
     return tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none"))
 
 
@@ -130,7 +125,7 @@ class RunConfig:
     ckpt_every: int = 0
     round_timeout: float = 0.0
     peer_timeout: float = 60.0  # seconds of silence after which a peer is lost (mpifl.transport.liveness)
-    track: str = "none"  # live trackers, a comma list of TRACKERS (parse_track)
+    track: str = "none"  # live trackers, a comma list of TRACKERS (parse_names)
     preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
     algo_options: dict = field(default_factory=dict)
 
@@ -319,11 +314,11 @@ def check(cfg: RunConfig) -> None:
         (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
         (cfg.input_norm in INPUT_NORMS, f"--input-norm must be one of {', '.join(INPUT_NORMS)}"),
         (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
-        (all(t in TRANSFORMS for t in parse_transforms(cfg.train_transforms)),
+        (all(t in TRANSFORMS for t in parse_names(cfg.train_transforms)),
          f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
         (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
         (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),
-        (all(t in TRACKERS for t in parse_track(cfg.track)),
+        (all(t in TRACKERS for t in parse_names(cfg.track)),
          f"--track takes a comma list of {', '.join(TRACKERS)} (or none)"),
     ]
     for ok, message in rules:

@@ -7,7 +7,7 @@ import torch
 
 from mpifl.client.transforms import TrainTransforms, crop, flip, jitter, jitter_hue, rot90_flip, rotate
 from mpifl.errors import MpiflError
-from mpifl.plan.config import TRANSFORMS, parse_transforms
+from mpifl.plan.config import TRANSFORMS, parse_names
 
 
 def _batch(n=6, c=3, size=16):
@@ -47,9 +47,9 @@ def test_jitter_stays_in_range_and_changes_each_image_differently():
 
 def test_same_seed_same_batch_and_none_is_identity():
     x = _batch()
-    both = TrainTransforms(parse_transforms("flip,crop,jitter"))
+    both = TrainTransforms(parse_names("flip,crop,jitter"))
     assert torch.equal(both(x, np.random.default_rng(9)), both(x, np.random.default_rng(9)))
-    assert not TrainTransforms(parse_transforms("none"))
+    assert not TrainTransforms(parse_names("none"))
     with pytest.raises(ValueError, match="unknown transform shear"):
         TrainTransforms(("shear",))
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ...errors import MpiflError
-from ...plan.config import RunConfig, parse_track
+from ...plan.config import RunConfig, parse_names
 from ...rundir.checkpoint import Checkpoint
 from ...rundir.names import CONFIG, HOLDOUT_FOLD, SUMMARY_CSV, SUMMARY_MD, TRACKING
 from ...rundir.rundir import RunDir
@@ -65,7 +65,7 @@ def tracking_cost(log_text: str) -> dict[str, float] | None:
 
 def check_installed(cfg: RunConfig) -> None:
     """Refuse, in one line naming the extra to install, a tracker whose packages are missing."""
-    for name in parse_track(cfg.track):
+    for name in parse_names(cfg.track):
         missing = TRACKERS[name].missing()
         if missing:
             one = len(missing) == 1
@@ -93,7 +93,7 @@ class Tracking:
         # the first record a continued tracker run lacks: the checkpoint's round, if its record was still pending
         first = resumed.round + (0 if resumed.pending else 1) if resumed else 1
         trackers: list[Tracker] = []
-        for name in parse_track(cfg.track):
+        for name in parse_names(cfg.track):
             run = TrackedRun(path=path, name=f"{path.parent.name}/{path.name}" if fold else path.name,
                              group=path.parent.name if fold else None, config=cfg.to_flat(),
                              continues=continued.get(name), first_round=first)

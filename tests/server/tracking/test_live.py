@@ -173,7 +173,7 @@ def test_each_fold_of_holdout_all_is_a_tracker_run_grouped_by_its_folder(tmp_pat
     from mpifl.rundir.rundir import RunDir
 
     monkeypatch.setattr(live, "TRACKERS", {"capturing": Capturing})
-    monkeypatch.setattr("mpifl.server.tracking.live.parse_track", lambda text: ("capturing",))
+    monkeypatch.setattr("mpifl.server.tracking.live.parse_names", lambda text: ("capturing",))
     stopped = Checkpoint(round=4, clients=3, ranks={}, pending={"round": 4}, identity={}, files={},
                          tracking={"capturing": "c7"})  # after round 4, its record waiting for its evaluation
     for domain, resumed in (("photo", None), ("sketch", stopped)):
