@@ -2,7 +2,7 @@
 nothing trains.
 
 A row is started as a user types it: ``--preset NAME`` and the row's ``run`` values as flags, parsed by the
-command line (:func:`mpifl.job.cli.build_config`), then checked as every rank checks it before round 1: the
+command line (:func:`mpifl.job.cli.configuration`), then checked as every rank checks it before round 1: the
 dataset's manifest, the labels a Dirichlet split reads (:func:`mpifl.session.session.read_labels`),
 :func:`mpifl.session.session.make_session` (the clients, the input normalization, the task, the model, the method)
 and each one-time exchange's set-up: what ``--show-manifest`` runs (:func:`mpifl.job.show_manifest.manifest_text`), less
@@ -21,6 +21,7 @@ fixture); ``--pretrained PATH`` is optional in every preset (the gPerXAN notes),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 
@@ -33,10 +34,9 @@ from mpifl.data.benchmarks import BENCHMARKS
 from mpifl.data.manifest import DatasetManifest, build_manifest
 from mpifl.data.shard import ShardWriter
 from mpifl.errors import MpiflError
-from mpifl.job.cli import build_config
+from mpifl.job.cli import configuration
 from mpifl.plan.config import Option
 from mpifl.presets import all_presets, load_preset, variant_names
-from mpifl.run import main
 from mpifl.session import session
 
 #: each converter's layout: domain ids, classes, default image size, channels, task
@@ -125,9 +125,7 @@ def _start_checks(argv: list[str], monkeypatch) -> None:
     The folds of ``--holdout all`` share the network of the first (every fold builds it from the same options;
     the folds differ in their clients): built once per fold, ResNet-50 and DenseNet-121 would take most of this
     test's time."""
-    ctx = main.make_context("mpifl.run", argv)
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, _ = build_config(ctx, None, params)
+    cfg, _ = configuration(argv)
     built, build = {}, session._model
 
     def network(fold_cfg, manifest, algo_cls):
@@ -139,7 +137,9 @@ def _start_checks(argv: list[str], monkeypatch) -> None:
     monkeypatch.setattr(session, "_model", network)
     manifest = ensure_dataset(cfg.data_root, cfg.data)
     folds = [dataclasses.replace(cfg, holdout=d) for d in manifest.domains] if cfg.holdout == "all" else [cfg]
-    with torch.device("meta"):
+    # the networks on the meta device (no memory, no arithmetic), but for CCST with its AdaIN weights, which are
+    # read into the style network and must stay real
+    with contextlib.nullcontext() if "--style-model" in argv else torch.device("meta"):
         for fold in folds:
             started = session.make_session(fold, manifest, num_hosts=1, labels=session.read_labels(fold, manifest))
             for exchange in started.exchanges:

@@ -10,7 +10,7 @@ from mpifl.data import camelyon, cifar, digits, fairface, isic, prostate
 from mpifl.data.__main__ import PREPARERS
 from mpifl.data.benchmarks import BENCHMARKS
 from mpifl.errors import MpiflError
-from mpifl.job.cli import build_config
+from mpifl.job.cli import configuration
 from mpifl.models import MODEL_NAMES
 from mpifl.plan.config import CORE_KEYS, check, resolve
 from mpifl.plan.optim import round_lr
@@ -126,10 +126,8 @@ def test_precedence_defaults_preset_config_file_command_line(tmp_path):
     values, warnings = apply_preset("fedwon-t1-office", "fedwon", {"rounds": 5})
     assert values["rounds"] == 5 and values["lr"] == 0.1 and values["batch_size"] == 32 and not warnings
     (tmp_path / "exp.yaml").write_text("rounds: 7\nlr: 0.2\n")
-    ctx = main.make_context("mpifl.run", ["--preset", "fedwon-t1-office", "--algo", "fedwon", "--config",
+    cfg, warnings = configuration(["--preset", "fedwon-t1-office", "--algo", "fedwon", "--config",
                                           str(tmp_path / "exp.yaml"), "--lr", "0.3"])
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, warnings = build_config(ctx, ctx.params["config_file"], params)
     assert (cfg.rounds, cfg.lr, cfg.batch_size, cfg.data, cfg.model) == (7, 0.3, 32, "office_caltech",
                                                                           "alexnet-dropout")
     assert cfg.preset == "fedwon-t1-office" and cfg.opt("uniform_weights") is True and not warnings
@@ -140,15 +138,11 @@ def test_input_norm_auto_is_imagenet_with_pretrained_weights_else_pooled_and_an_
     weights = tmp_path / "w.pt"
     for argv, expected in (([], "pooled"), (["--pretrained", str(weights)], "imagenet"),
                            (["--pretrained", str(weights), "--input-norm", "domain"], "domain")):
-        ctx = main.make_context("mpifl.run", argv)
-        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-        assert build_config(ctx, None, params)[0].input_norm == expected  # config.json stores it resolved
+        assert configuration(argv)[0].input_norm == expected  # config.json stores it resolved
 
 
 def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
-    ctx = main.make_context("mpifl.run", ["--preset", "gperxan-t2-pacs", "--algo", "scaffold"])
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, warnings = build_config(ctx, None, params)
+    cfg, warnings = configuration(["--preset", "gperxan-t2-pacs", "--algo", "scaffold"])
     assert cfg.holdout == "all" and cfg.lr == 0.002
     assert warnings == ["--preset gperxan-t2-pacs has no paper numbers for --algo scaffold (it has: fedavg, "
                         "mixstyle, rsc, elcfs, ccst, copa, feddg-ga, gperxan); running with the preset's settings anyway"]
@@ -160,9 +154,7 @@ def test_algo_outside_the_preset_warns_and_unknown_preset_is_an_error():
 def test_gperxan_presets_guide_only_gperxan(algo, guide):
     """The table's baselines run unguided; gPerXAN with its own lambda 0.5."""
     for name in ("gperxan-t2-pacs", "gperxan-t2-officehome", "gperxan-t3-camelyon17"):
-        ctx = main.make_context("mpifl.run", ["--preset", name, "--algo", algo])
-        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-        cfg, _ = build_config(ctx, None, params)
+        cfg, _ = configuration(["--preset", name, "--algo", algo])
         assert cfg.opt("guide_lambda") == guide, name
 
 
@@ -171,9 +163,7 @@ def test_gperxan_presets_anneal_and_keep_the_optimizer_as_the_authors_client(alg
     """source/main/client.py: one SGD optimizer per client for the whole run, CosineAnnealingLR(T_max = rounds)
     stepped before each round: round r trains at lr (1 + cos(pi r / R)) / 2."""
     for name in ("gperxan-t2-pacs", "gperxan-t2-officehome", "gperxan-t3-camelyon17"):
-        ctx = main.make_context("mpifl.run", ["--preset", name, "--algo", algo])
-        params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-        cfg, _ = build_config(ctx, None, params)
+        cfg, _ = configuration(["--preset", name, "--algo", algo])
         assert (cfg.lr_schedule, cfg.lr_min, cfg.keep_optimizer, cfg.horizon) == ("cosine", 0.0, True, 100), name
         assert round_lr(cfg, 1) == pytest.approx(0.002 * (1 + math.cos(math.pi / 100)) / 2)
         assert round_lr(cfg, 100) == 0.0
@@ -210,9 +200,7 @@ def test_prostate_base_rows_feed_unscaled_intensities_as_fedfas_and_harmofls_loa
 def test_gperxan_camelyon17_puts_perxan_in_the_first_dense_block_and_its_transition_not_the_stem():
     """Section 4.2: 'BN layers in the first dense block and the following transition block are replaced by PerXAN'
     (the authors' public code has no DenseNet); the stem's norm0 stays plain BN."""
-    ctx = main.make_context("mpifl.run", ["--preset", "gperxan-t3-camelyon17", "--algo", "gperxan"])
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    cfg, _ = build_config(ctx, None, params)
+    cfg, _ = configuration(["--preset", "gperxan-t3-camelyon17", "--algo", "gperxan"])
     model = get_algorithm("gperxan").network(cfg, num_classes=2, in_channels=3, image_size=(96, 96))
     modules = dict(model.named_modules())
     kinds = [type(modules[f"features.{n}"]).__name__
@@ -238,9 +226,7 @@ def test_a_run_of_the_preset_keeps_every_setting_it_names(name):
 
 
 def _config(argv: list[str]):
-    ctx = main.make_context("mpifl.run", argv)
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    return build_config(ctx, None, params)[0]
+    return configuration(argv)[0]
 
 
 def test_fedrdn_office_offers_the_authors_code_and_the_papers_sizes_as_variants():

@@ -16,7 +16,7 @@ from mpifl.algorithms import ServerState, get_algorithm
 from mpifl.data.manifest import sha256_file
 from mpifl.data.shard import SPLITS, Shard, ShardWriter
 from mpifl.errors import MpiflError
-from mpifl.job.cli import build_config
+from mpifl.job.cli import configuration
 from mpifl.plan.config import CORE_KEYS, RESUMABLE, RunConfig
 from mpifl.run import main
 from mpifl.rundir.checkpoint import (Checkpoint, FileRecord, commit, identity, load, load_adopted, load_clients,
@@ -222,9 +222,7 @@ def test_files_round_trip_and_commit_keeps_only_the_named_round(tmp_path):
 
 def _build(*args):
     """The RunConfig the command line ``args`` resolves to (what config.json stores)."""
-    ctx = main.make_context("mpifl.run", list(args))
-    params = {k: v for k, v in ctx.params.items() if k not in ("config_file", "show_manifest", "resume")}
-    return build_config(ctx, ctx.params["config_file"], params, ctx.params["resume"])[0]
+    return configuration(args)[0]
 
 
 def test_a_resume_with_more_rounds_keeps_the_schedules_of_the_rounds_the_run_started_with(tmp_path):
