@@ -51,9 +51,8 @@ round do not pass through rank 0's memory at once: aggregation is a reduction).
 
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
 ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of cores
-(:class:`~mpifl.algorithms.core.fold_workers.FoldWorkers`: the caller's thread and helper processes; each count's
-copy of the uploads in the memory rank 0 would receive them into, shared where it has helpers), all at once and one
-client at a time (as the server folds each behind the next one's arrival), and checks that every count gives the
+(:class:`~mpifl.server.folding.FoldThreads`: the caller's thread and pool threads), all at once and one client at
+a time (as the server folds each behind the next one's arrival), and checks that every count gives the
 same bits.  A repeat during which other
 processes took CPU (``/proc/stat``) is redone, so on a shared machine the medians are of undisturbed repeats.
 ``--fold-threads N`` passes the count to the runs of ``--case cross-silo``.
@@ -92,8 +91,7 @@ import torch.nn.functional as F
 from click.core import ParameterSource
 
 from .algorithms import ALGORITHMS
-from .algorithms.core.fold_workers import FoldWorkers
-from .algorithms.core.reduction import Folding, Reduction, mean_weights, weighted_sum
+from .algorithms.core.reduction import Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
@@ -105,6 +103,7 @@ from .plan.placement import place_clients
 from .plan.seeding import seed_model_init
 from .process.world import own_mpirun
 from .rundir.names import LOG, METRICS
+from .server.folding import Folding, FoldThreads
 from .server.tracking.live import check_installed, tracking_cost
 from .session.session import Session, make_session
 
@@ -269,30 +268,26 @@ def many_clients_options(algo: str, fraction: float, private_memory: float) -> t
     return "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)
 
 
-def _cpu_of_others(helpers: Sequence[int] = ()) -> float:
-    """CPU seconds that every process but this one and its ``helpers`` (pids) has used since boot (0 where
-    ``/proc/stat`` is missing)."""
+def _cpu_of_others() -> float:
+    """CPU seconds that every process but this one has used since boot (0 where ``/proc/stat`` is missing)."""
     try:
         with open("/proc/stat") as stat:
             ticks = [int(v) for v in stat.readline().split()[1:]]
-        for pid in helpers:  # utime and stime, the 14th and 15th fields (after the name's closing parenthesis)
-            with open(f"/proc/{pid}/stat") as stat:
-                ticks[0] -= sum(int(v) for v in stat.read().rsplit(")", 1)[1].split()[11:13])
     except OSError:
         return 0.0
     own = os.times()
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") - own.user - own.system
 
 
-def undisturbed_seconds(run, tries: int = 10, helpers: Sequence[int] = ()) -> tuple[float | None, int]:
-    """Seconds of one call of ``run()`` during which other processes than this one and its ``helpers`` took under
-    5 % of a core (plus a clock tick), redone when disturbed, at most ``tries`` calls; returns the seconds (None:
-    every call disturbed) and the calls dropped."""
+def undisturbed_seconds(run, tries: int = 10) -> tuple[float | None, int]:
+    """Seconds of one call of ``run()`` during which other processes took under 5 % of a core (plus a clock
+    tick), redone when disturbed, at most ``tries`` calls; returns the seconds (None: every call disturbed) and
+    the calls dropped."""
     for dropped in range(tries):
-        others, started = _cpu_of_others(helpers), time.perf_counter()
+        others, started = _cpu_of_others(), time.perf_counter()
         run()
         seconds = time.perf_counter() - started
-        if _cpu_of_others(helpers) - others <= 0.05 * seconds + 0.02:
+        if _cpu_of_others() - others <= 0.05 * seconds + 0.02:
             return seconds, dropped
     return None, tries
 
@@ -308,29 +303,22 @@ def fold_seconds(clients: int, megabytes: float, thread_counts: list[int], repea
     ways = {"all_at_once": clients, "one_client_at_a_time": 1}
     rows = [{"threads": count, **{name: {"repeats": [], "dropped": 0} for name in ways}} for count in thread_counts]
 
-    def fold(workers: FoldWorkers, window: int) -> np.ndarray:
-        folding = Folding(reductions, workers)
+    def fold(threads: FoldThreads, window: int) -> np.ndarray:
+        folding = Folding(reductions, threads)
         for start in range(0, clients, window):
-            folding.add(uploads[workers][start:start + window])
+            folding.add(uploads[start:start + window])
         return folding.sums["w"]
 
     with contextlib.ExitStack() as stack:
-        pools = [stack.enter_context(FoldWorkers(count)) for count in thread_counts]
-        size = int(megabytes * 1e6) // 4
-        values = [rng.standard_normal(size, dtype=np.float32) for _ in range(clients)]
-        uploads = {}  # each count's copy in the memory rank 0 receives into: shared where it has helpers
-        for workers in pools:
-            uploads[workers] = [{"w": workers.empty(4 * size).view(np.float32)} for _ in range(clients)]
-            for upload, value in zip(uploads[workers], values):
-                upload["w"][:] = value
-        del values
+        pools = [stack.enter_context(FoldThreads(count)) for count in thread_counts]
+        uploads = [{"w": rng.standard_normal(int(megabytes * 1e6) // 4, dtype=np.float32)} for _ in range(clients)]
         for _ in range(repeats):
-            for row, workers in zip(rows, pools):
+            for row, threads in zip(rows, pools):
                 for name, window in ways.items():
-                    seconds, dropped = undisturbed_seconds(lambda: fold(workers, window), helpers=workers.pids)
+                    seconds, dropped = undisturbed_seconds(lambda: fold(threads, window))
                     row[name]["dropped"] += dropped
                     row[name]["repeats"] += [] if seconds is None else [seconds]
-        sums = [fold(workers, clients) for workers in pools]
+        sums = [fold(threads, clients) for threads in pools]
     for row, bits in zip(rows, sums):
         row["same_bits"] = bool(np.array_equal(bits, sums[0]))
         for name in ways:

@@ -13,7 +13,7 @@ from ..plan.config import Option
 from ..transport.share import SharePolicy
 from .core.base import REGISTRY, Algorithm
 from .core.options import declarations
-from .core.reduction import Folding, Reduction, weighted_mean
+from .core.reduction import Reduction, weighted_mean
 from .core.state import ClientState, ServerState, Uploads
 
 for _module in pkgutil.iter_modules(__path__):
@@ -37,5 +37,5 @@ def all_options() -> dict[str, Option]:
 all_options()  # two methods declaring one option differently stop the methods from loading
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientState", "Folding", "Reduction", "ServerState", "SharePolicy", "Uploads",
+__all__ = ["ALGORITHMS", "Algorithm", "ClientState", "Reduction", "ServerState", "SharePolicy", "Uploads",
            "all_options", "get_algorithm", "weighted_mean"]

@@ -48,13 +48,14 @@ from ..rundir.checkpoint import verify as verify_checkpoint
 from ..rundir.directory import check_new, config_digest, default_run_dir
 from ..rundir.names import CONFIG, METRICS, SUMMARY_CSV, SUMMARY_MD, holdout_fold
 from ..rundir.rundir import RunDir, write_fold_table
+from ..server.folding import fold_threads
 from ..server.run_log import fold_summary, read_records
 from ..server.serve import serve
 from ..server.tracking.live import Tracking, check_installed
 from ..session.session import Session, make_session, read_labels
 from ..transport.comm import Comm, TimedOut
 from ..transport.inprocess import run_threads
-from ..transport.topology import NodeLayout, affinity, fold_threads
+from ..transport.topology import NodeLayout, affinity
 
 T = TypeVar("T")
 IN_PROCESS_RANKS = 2  # a run without a launcher: the server and one client host

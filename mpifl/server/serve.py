@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 
 from .. import __version__
-from ..algorithms.core.fold_workers import FoldWorkers
 from ..plan.config import RunConfig
 from ..process.signals import StopRequest
 from ..rundir.checkpoint import Checkpoint
@@ -15,6 +14,7 @@ from ..rundir.rundir import RunDir
 from ..session.protocol import RoundProtocol
 from ..session.session import Session
 from ..transport.comm import Comm
+from .folding import FoldThreads
 from .progress import Progress
 from .run_log import MetricsLog
 from .server import Server
@@ -26,10 +26,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
           stop: StopRequest, processes: list[tuple[str, int]], fold_threads: tuple[int, bool],
           tracking: Tracking | None = None) -> str | None:
     """Rank 0's part of the run; returns the signal that stopped it early, if one did.  ``processes``: each rank's
-    (pid, host and threads for the log, torch threads); ``fold_threads``: the cores that fold the uploads (this
-    process and helper processes), and whether they fold behind rank 0's receives
-    (:func:`~mpifl.transport.topology.fold_threads`); ``tracking``: the live trackers (``--track``), started,
-    which get every record and are ended here."""
+    (pid, host and threads for the log, torch threads); ``fold_threads``: the threads that fold the uploads, and
+    whether they fold behind rank 0's receives (:func:`~.folding.fold_threads`); ``tracking``: the live trackers
+    (``--track``), started, which get every record and are ended here."""
     tracking = tracking or Tracking([])
     threads = [count for _, count in processes[1:]]
     n_clients, n_hosts = len(session.clients), comm.size - 1
@@ -49,10 +48,9 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
     if n_hosts > n_clients:
         log_lines.append(f"mpifl: warning: {n_hosts} client ranks for {n_clients} clients; "
                          f"ranks {n_clients + 1}..{n_hosts} stay idle (use mpirun -n {n_clients + 1})")
-    folds = FoldWorkers(*fold_threads, timeout=comm.timeout)  # a helper that stops answering is named
-    helpers = f" (itself and {folds.helpers} helper process{'es' * (folds.helpers > 1)})" if folds.helpers else ""
-    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {folds.helpers + 1} "
-                     f"core{'s' * bool(folds.helpers)}{helpers} "
+    folds = FoldThreads(*fold_threads)
+    log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {folds.count} "
+                     f"thread{'s' * (folds.count > 1)} "
                      + ("behind its receives" if folds.behind else "between its receives (no core spare)"))
     evaluated = session.evaluation().images  # mpifl.session.evaluation: the images each rank evaluates
     log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}; evaluates {evaluated[h]:,} images"

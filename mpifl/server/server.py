@@ -23,9 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..algorithms import Folding, Reduction, Uploads
-from ..algorithms.core.fold_workers import SERIAL, FoldWorkers
-from ..algorithms.core.reduction import Behind
+from ..algorithms import Reduction, Uploads
 from ..data.manifest import build_of
 from ..process.faults import maybe_inject
 from ..process.signals import StopRequest
@@ -39,6 +37,7 @@ from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
 from ..transport.messages import (CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STOP, Messages, peak_rss, records,
                                   saved_file)
+from .folding import Behind, Folding, FoldThreads
 from .run_log import MetricsLog, summarize_eval
 from .run_log import local_val_acc
 
@@ -62,7 +61,7 @@ class Server:
     def __init__(self, session: Session, comm: Comm, log: MetricsLog,
                  on_round: Callable[[int, int | None, float | None], None], run_dir: RunDir,
                  resumed: Checkpoint | None = None, stop: StopRequest | None = None, threads: list[int] | None = None,
-                 folds: FoldWorkers = SERIAL, tracked: dict[str, str] | None = None):
+                 folds: FoldThreads | None = None, tracked: dict[str, str] | None = None):
         self.session, self.comm, self.log, self.on_round = session, comm, log, on_round
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
         self.threads = threads  # each client rank's torch threads, for the checkpoints
@@ -73,8 +72,8 @@ class Server:
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
-        self.folds = folds  # what folds the uploads (--fold-threads): this process and helper processes
-        self.fold_buffer = ReusedBuffer(allocate=folds.empty)  # the clients' summed uploads received, not folded yet
+        self.folds = folds or FoldThreads()  # the threads that fold the uploads (--fold-threads)
+        self.fold_buffer = ReusedBuffer()  # the clients' summed uploads received, not folded yet
         self.receiving_seconds = 0.0  # of the round, in _fold's receives: communication or waiting, not aggregation
 
     def run(self) -> None:
@@ -172,7 +171,7 @@ class Server:
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
         """Receive every trained client's summed uploads in client-id order, ``FOLD_WINDOW_BYTES`` at a time (at
         least one client), and add them into the sums of ``reductions`` behind the receives
-        (:class:`~mpifl.algorithms.core.reduction.Behind`): the fold workers add a window's clients while the next
+        (:class:`~.folding.Behind`): the fold threads add a window's clients while the next
         window arrives into the other buffer, so once the last upload has arrived only the last window's fold is
         left.
 

@@ -11,8 +11,6 @@ changes upload sizes) and never shrinks.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
@@ -25,22 +23,18 @@ class ReusedBuffer:
     Host memory (a numpy array) by default; page-locked (``pinned``) for fast,
     asynchronous host<->GPU copies on a rank that trains on a GPU; or GPU
     memory (a torch tensor on ``device``) when the MPI library is CUDA-aware
-    (:mod:`mpifl.transport.gpu_mpi`); or what ``allocate(nbytes)`` gives
-    (rank 0's fold buffer: memory its fold's helper processes share).
+    (:mod:`mpifl.transport.gpu_mpi`).
     """
 
-    def __init__(self, pinned: bool = False, device: torch.device | None = None,
-                 allocate: Callable[[int], np.ndarray] | None = None):
-        self.pinned, self.device, self.allocate = pinned, device, allocate
+    def __init__(self, pinned: bool = False, device: torch.device | None = None):
+        self.pinned, self.device = pinned, device
         self._data: Buffer = np.empty(0, dtype=np.uint8)
 
     def get(self, nbytes: int) -> Buffer:
         """A view of the buffer's first ``nbytes`` bytes; its content is whatever the last use left.
         Views handed out earlier share the memory: use one only until the next :meth:`get`."""
         if nbytes > self._data.nbytes:
-            if self.allocate is not None:
-                self._data = self.allocate(nbytes)
-            elif self.device is not None:
+            if self.device is not None:
                 self._data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             else:
                 self._data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned).numpy()

@@ -3,9 +3,10 @@
 import numpy as np
 import torch
 
-from mpifl.algorithms import Folding, Uploads, get_algorithm
+from mpifl.algorithms import Uploads, get_algorithm
 from mpifl.client.training import client_round, load_state
 from mpifl.plan.config import RunConfig
+from mpifl.server.folding import Folding
 from mpifl.transport.messages import CLIENT_META
 from mpifl.models import build_model, state_entries
 

@@ -59,8 +59,7 @@ def _numbers(records):
 @pytest.mark.parametrize("aug,ranks", [("none", (2, 3, 5)), ("fedrdn", (3,))])
 def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, aug, ranks):
     """FedRDN's statistics exchange is checked on one placement only: 5 ranks on 2 cores take 20 s.  Rank 0 of the
-    3-rank runs folds on 2 cores (itself and a helper process, each half of smallcnn's 24 blocks; a helper beyond
-    the cores rank 0 may run on would not start)."""
+    3-rank runs folds on 2 threads (each half of smallcnn's blocks)."""
     extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--threads", "1",
              "--aug", aug)
     job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
@@ -75,7 +74,7 @@ def test_same_numbers_in_process_and_for_2_3_and_5_ranks(data_root, tmp_path, au
     assert len(results[ranks[0]][0]["clients"]) == 5  # 10 clients, fraction 0.5
     if 2 in ranks:  # one client host, as in one process: the wire bytes too
         assert untimed(in_process) == untimed(read_metrics(tmp_path / "n2"))
-    assert "folds the uploads on 2 cores (itself and 1 helper process)" in (tmp_path / "n3" / "log.txt").read_text()
+    assert "folds the uploads on 2 threads behind its receives" in (tmp_path / "n3" / "log.txt").read_text()
 
 
 @pytest.mark.parametrize("algo,ranks", [("gperxan", (2, 3, 4)), ("fednn", (4,))])

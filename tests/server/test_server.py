@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from mpifl.algorithms import Reduction
-from mpifl.algorithms.core.fold_workers import FoldWorkers
 from mpifl.server import server as server_module
+from mpifl.server.folding import FoldThreads
 from mpifl.server.server import Server
 from mpifl.transport.buffers import ReusedBuffer
 
@@ -57,9 +57,9 @@ def test_fold_receives_windows_into_two_buffers_and_folds_behind_to_the_sequenti
 
     monkeypatch.setattr(server_module, "Folding", lambda *args: made.append(Slow(*args)) or made[-1])
     for threads, behind in ((1, True), (3, True), (1, False)):
-        with FoldWorkers(threads, behind) as folds:
+        with FoldThreads(threads, behind) as folds:
             server = Server.__new__(Server)
-            server.folds, server.fold_buffer, server.receiving_seconds = folds, ReusedBuffer(allocate=folds.empty), 0.0
+            server.folds, server.fold_buffer, server.receiving_seconds = folds, ReusedBuffer(), 0.0
             server.comm = comm = Uploads(uploads, owner, lambda: made[-1].folded)
             sums = server._fold(messages, plan, {"s": Reduction("x", coefficients)})
         assert comm.windows == [2, 2, 2, 1] and server.receiving_seconds > 0

@@ -9,26 +9,24 @@ Rank 0 never holds a round's uploads all at once.  A method states its aggregati
    :meth:`Algorithm.gathered_keys`, gathered whole) and the clients' records;
 3. :meth:`Algorithm.aggregate`: the new global state from those sums (``Uploads.sums``).
 
-While the clients train, the server receives the other uploaded tensors client by client, in client-id
-order, and :class:`Folding` adds them into float64 sums, in the background (:class:`Behind`) while the next
-upload arrives.  A method whose sums need what training returned (:attr:`Algorithm.reductions_need_results`:
-FedNova's steps, FedDG-GA's gaps) runs 2 before 1, after the gather, and is folded then.  Every sum is
-accumulated in client-id order, element by element exactly as a single pass over all uploads would
-(:func:`weighted_sum`), so the result is bit for bit the same whoever hosts which client, however many arrive
-at once and however many workers (:class:`~.fold_workers.FoldWorkers`: rank 0's thread and helper processes)
-share the elements: rank-count invariance holds, and rank 0's memory is a few uploads plus the sums, whatever
-the number of clients in the round.
+While the clients train, the server (:mod:`mpifl.server.folding`) receives the other uploaded tensors client by
+client, in client-id order, and adds them into float64 sums with this module's kernel (:func:`fold_ranges`).  A
+method whose sums need what training returned (:attr:`Algorithm.reductions_need_results`: FedNova's steps,
+FedDG-GA's gaps) runs 2 before 1, after the gather, and is folded then.  Every sum is accumulated in client-id
+order, element by element exactly as a single pass over all uploads would (:func:`weighted_sum`), so the result is
+bit for bit the same whoever hosts which client, however many arrive at once and however the elements are shared
+among threads: rank-count invariance holds, and rank 0's memory is a few uploads plus the sums, whatever the
+number of clients in the round.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .fold_workers import SERIAL, FoldWorkers
+SUM_BLOCK = 1 << 14  # elements per block: the float64 partial sum and one term stay in the L1/L2 cache
 
 
 @dataclass(frozen=True)
@@ -45,81 +43,32 @@ def mean_weights(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def _terms(values: Sequence[np.ndarray], coefficients: np.ndarray) -> list[tuple[float, np.ndarray]]:
+def terms(values: Sequence[np.ndarray], coefficients: Sequence[float]) -> list[tuple[float, np.ndarray]]:
+    """The terms (c_k, flat x_k) of sum_k c_k x_k, those with c_k = 0 left out (they add nothing)."""
     if not all(np.issubdtype(v.dtype, np.floating) for v in values):
         raise TypeError("only floating-point tensors can be summed")
-    return [(c, np.ravel(x)) for c, x in zip(coefficients, values) if c]
+    return [(c, np.ravel(x)) for c, x in zip(np.asarray(coefficients, dtype=np.float64), values) if c]
 
 
-class Folding:
-    """Float64 running sums of ``reductions`` (by name), fed the round's uploads in client-id order, folded
-    by ``workers`` (the sums in memory they share)."""
-
-    def __init__(self, reductions: Mapping[str, Reduction], workers: FoldWorkers = SERIAL):
-        self.reductions = dict(reductions)
-        self.workers = workers
-        self.sums: dict[str, np.ndarray] = {}
-        self.folded = 0  # clients added so far
-
-    def add(self, window: Sequence[Mapping[str, np.ndarray]]) -> None:
-        """Add the next ``len(window)`` clients, each a mapping from upload name to its tensor."""
-        first, work = self.folded, []
-        if not first:
-            self.sums = self.workers.sums({name: np.shape(window[0][reduction.upload])
-                                           for name, reduction in self.reductions.items()})
-        for name, reduction in self.reductions.items():
-            values = [uploads[reduction.upload] for uploads in window]
-            coefficients = np.asarray(reduction.coefficients, dtype=np.float64)[first:first + len(window)]
-            work.append((self.sums[name].reshape(-1), _terms(values, coefficients)))
-        self.workers.fold(work, zero=not first)
-        self.folded += len(window)
-
-
-class Behind:
-    """Folds the windows of uploads handed to it in client-id order, on the background thread of
-    ``folding.workers`` while the caller receives the next ones (in the caller's thread where the workers do not
-    fold ``behind``).  Each pass folds every upload handed over since the last pass as one window (each block of
-    the sums is read once per window), so the sums are the chain of additions in client-id order."""
-
-    def __init__(self, folding: Folding):
-        self.folding = folding
-        self._handed: list[Mapping[str, np.ndarray]] = []  # not folded yet
-        self._running = False  # a pass is on the background thread
-        self._failed: BaseException | None = None
-        self._changed = threading.Condition()
-
-    def hand(self, window: Sequence[Mapping[str, np.ndarray]]) -> None:
-        """The next clients' uploads; they must stay as they are until :meth:`wait` says they are folded."""
-        if not self.folding.workers.behind:
-            self.folding.add(window)
-            return
-        with self._changed:
-            self._handed += window
-            if not self._running:
-                self._running = True
-                self.folding.workers.background(self._drain)
-
-    def wait(self, clients: int) -> None:
-        """Return once the first ``clients`` uploads handed over are folded; raise what the fold raised."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._failed or self.folding.folded >= clients)
-            if self._failed:
-                raise self._failed
-
-    def _drain(self) -> None:
-        while True:
-            with self._changed:
-                window, self._handed = self._handed, []
-                if not window or self._failed:
-                    self._running = False
-                    self._changed.notify_all()
-                    return
-            try:
-                self.folding.add(window)
-            except BaseException as exc:  # for wait() to raise in the caller's thread
-                self._failed = exc
-            with self._changed:
-                self._changed.notify_all()
+def fold_ranges(sums, ranges, zero: bool = False, block: int = SUM_BLOCK) -> None:
+    """The per-element kernel: add sum_k c_k x_k to each flat float64 ``acc`` of ``sums`` [(acc, [(c_k, flat x_k),
+    ...])] over the element ``ranges`` [(index into sums, start, stop)]; with ``zero``, to zero, not to what ``acc``
+    held (each block zeroed as it is reached, while in the cache).  Each element's sum is one chain in the terms'
+    order, acc <- acc + c_k * float64(x_k): a float64 cast (exact), a multiply and an add, each correctly rounded
+    and none fused, so the bits are the same whoever folds which range, and in blocks of any size; ``block``
+    elements at a time, every term of a block before the next block, so the partial sum stays in the cache."""
+    scratch = np.empty(min(block, max((stop - start for _, start, stop in ranges), default=0)), dtype=np.float64)
+    for index, start, stop in ranges:
+        acc, chain = sums[index]
+        for low in range(start, stop, block):
+            high = min(low + block, stop)
+            part, term = acc[low:high], scratch[:high - low]
+            if zero:
+                part.fill(0.0)
+            for c, x in chain:
+                np.copyto(term, x[low:high])  # then times c: what float64(x) * c gives, faster than one cast multiply
+                term *= c
+                part += term
 
 
 def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -130,7 +79,7 @@ def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarr
 
 
 def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
-                 out: np.ndarray | None = None, workers: FoldWorkers = SERIAL) -> np.ndarray:
+                 out: np.ndarray | None = None) -> np.ndarray:
     """``out`` + sum_k c_k x_k in float64 (``out`` None: a new zero sum), accumulated in client-id order;
     terms with c_k = 0 are skipped.
 
@@ -138,10 +87,9 @@ def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
     invariance), and of how the clients are split into calls: each element's sum is the same chain of
     additions.  The sum runs block by block over the elements, every client's term of a block before the
     next block, so the partial sum never leaves the cache: each upload is read once and the result
-    written once (3x faster than whole-array passes for a 50 MB model, with the same bits).  ``workers``
-    share the blocks in runs of consecutive ones; an element's chain is the same whichever runs it.
+    written once (3x faster than whole-array passes for a 50 MB model, with the same bits): :func:`fold_ranges`.
     """
-    terms = _terms(values, np.asarray(coefficients, dtype=np.float64))
-    acc = workers.sums({"sum": np.shape(values[0])})["sum"] if out is None else out
-    workers.fold([(acc.reshape(-1), terms)], zero=out is None)
+    acc = np.empty(np.shape(values[0]), dtype=np.float64) if out is None else out
+    flat = acc.reshape(-1)
+    fold_ranges([(flat, terms(values, coefficients))], [(0, 0, flat.size)], zero=out is None)
     return acc
