@@ -50,7 +50,7 @@ runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the s
 round do not pass through rank 0's memory at once: aggregation is a reduction).
 
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
-ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of cores
+ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of threads
 (:class:`~mpifl.server.folding.FoldThreads`: the caller's thread and pool threads), all at once and one client at
 a time (as the server folds each behind the next one's arrival), and checks that every count gives the
 same bits.  A repeat during which other
@@ -333,7 +333,7 @@ def fold_table(result: dict) -> list[str]:
     lines = [(f"fold of {result['clients']} x {result['megabytes']:g} MB float32 uploads into float64 sums "
               f"({len(os.sched_getaffinity(0))} cores); median seconds of undisturbed repeats")]
     for row in result["rows"]:
-        lines.append(f"  {row['threads']:3d} core(s): "
+        lines.append(f"  {row['threads']:3d} thread(s): "
                      + "   ".join(_fold_cell(row, name) for name in ("all_at_once", "one_client_at_a_time"))
                      + ("" if row["same_bits"] else "   DIFFERENT BITS"))
     return lines
@@ -590,12 +590,11 @@ def available_memory() -> int | None:
 
 
 def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[int]:
-    """The fold case's core counts (0: every core this process may run on), each at most those cores, checked
-    with its other options and the memory it needs: the uploads once, again for each count, and each count's
-    float64 sums."""
+    """The fold case's thread counts (0: one per core this process may run on), each at most those cores, checked
+    with its other options and the memory it needs: the uploads, and each count's float64 sums."""
     cores = len(os.sched_getaffinity(0))
     text = fold_threads or ",".join(str(n) for n in sorted({1, min(2, cores), cores}))
-    counts = comma_list("--fold-threads", text, whole_number(0, cores), f"give a comma list of core counts from 1 to "
+    counts = comma_list("--fold-threads", text, whole_number(0, cores), f"give a comma list of thread counts from 1 to "
                         f"{cores} (the cores this process may run on), 0 for all of them")
     counts = list(dict.fromkeys(n or cores for n in counts))
     if clients < 1:
@@ -603,10 +602,10 @@ def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[
     if not (math.isfinite(megabytes * 1e6) and megabytes * 1e6 >= 4):
         raise MpiflError(f"--fold-mb must be a finite number of at least 4e-06 (one float32), got {megabytes}")
     upload = int(megabytes * 1e6) // 4 * 4
-    needed, available = (clients * (1 + len(counts)) + 2 * len(counts)) * upload, available_memory()
+    needed, available = (clients + 2 * len(counts)) * upload, available_memory()
     if available is not None and needed > available:
         raise MpiflError(f"--case fold needs at least {needed / 1e9:.1f} GB of memory ({clients} uploads of "
-                         f"{megabytes:g} MB, a copy for each of {len(counts)} core counts, their sums), "
+                         f"{megabytes:g} MB, and the sums of each of {len(counts)} thread counts), "
                          f"{available / 1e9:.1f} GB are available; lower --fold-mb or --fold-clients")
     return counts
 
@@ -677,8 +676,8 @@ class BenchCommand(click.Command):
               help="the launcher, with its options (default: the mpirun beside this Python, else the one on PATH); "
                    "e.g. '/usr/bin/mpirun --bind-to none' for a site's Open MPI")
 @click.option("--fold-threads", default=None,
-              help="fold: comma list of core counts to fold on, this process and helper processes, each at most the "
-                   "cores this process may run on (default 1,2,0; 0 = all of them); cross-silo: mpifl.run's "
+              help="fold: comma list of thread counts to fold on, each at most the cores this process may run on "
+                   "(default 1,2,0; 0 = all of them); cross-silo: mpifl.run's "
                    "--fold-threads, rank 0's, one count (default 0: automatic)")
 @click.option("--fold-clients", default=12, show_default=True, help="fold: the uploads folded")
 @click.option("--fold-mb", default=45.0, show_default=True, help="fold: MB per upload (ResNet-18: 45)")

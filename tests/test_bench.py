@@ -115,7 +115,7 @@ def test_the_table_is_shown_before_the_write_and_a_failed_write_keeps_the_result
     result = CliRunner().invoke(main, [*FOLD, "--json-out", str(folder / "b.json")])
     assert result.exit_code == 2, result.output
     table = result.stdout.splitlines()
-    assert table[0].startswith("fold of 2 x 0.01 MB") and table[1].startswith("    1 core(s): all at once")
+    assert table[0].startswith("fold of 2 x 0.01 MB") and table[1].startswith("    1 thread(s): all at once")
     assert [row["threads"] for row in json.loads(table[2])["rows"]] == [1] and len(table) == 3
     assert result.stderr == (f"mpifl: error: results not written to {folder / 'b.json'} (No such file or directory); "
                              "the table and the JSON line above hold them: save that line, then free the disk or fix "
@@ -197,7 +197,7 @@ def nothing_runs(monkeypatch):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--fold-threads", "0,abc"], "--fold-threads 0,abc: 'abc' is not a whole number; give a comma list of core "
+    (["--fold-threads", "0,abc"], "--fold-threads 0,abc: 'abc' is not a whole number; give a comma list of thread "
                                   f"counts from 1 to {CORES}"),
     (["--fold-threads", "1,,2"], "--fold-threads 1,,2: '' is not a whole number"),
     (["--fold-threads", "-1"], "'-1' is out of range"),
@@ -270,9 +270,9 @@ def test_the_fold_table_shows_a_count_whose_reference_was_disturbed_throughout(t
     result = CliRunner().invoke(main, [*FOLD, "--fold-threads", "1,2", "--json-out", str(tmp_path / "b.json")])
     assert result.exit_code == 0, result.output
     table = result.stdout.splitlines()
-    assert table[1] == ("    1 core(s): all at once: every repeat disturbed   one client at a time: every repeat "
+    assert table[1] == ("    1 thread(s): all at once: every repeat disturbed   one client at a time: every repeat "
                         "disturbed")
-    assert table[2].startswith("    2 core(s): all at once ") and "x" not in table[2].split("(")[1].split(";")[0]
+    assert table[2].startswith("    2 thread(s): all at once ") and "x" not in table[2].split("(")[1].split(";")[0]
 
 
 def test_a_failed_run_of_mpifl_is_one_line_with_its_own_last_line(monkeypatch, tmp_path):
