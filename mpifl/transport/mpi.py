@@ -42,10 +42,7 @@ Three properties matter beyond moving bytes:
 * **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
   takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
   when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
-* **No 2 GiB limit.**  MPI counts are C ints.  Buffers above ``max_count``
-  bytes travel as derived datatypes (BigMPI's construction): a broadcast or
-  a message as one struct of whole blocks plus the remainder, a gather with
-  each rank's segment padded to a common block.  Still one collective.
+* **No 2 GiB limit** (:mod:`mpifl.transport.large`).
 """
 
 from __future__ import annotations
@@ -60,7 +57,6 @@ from dataclasses import dataclass
 from typing import Callable, NoReturn
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from ..process.abort import abort_world
@@ -68,11 +64,11 @@ from ..process.node_files import MPICH_NODE, forget_launcher_files, forget_segme
 from ..process.world import loaded_libmpi
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
+from .large import INT_MAX, gatherv, typed
 from .liveness import Heartbeats
 from .topology import NodeLayout, affinity
 from .wire import Buffer
 
-INT_MAX = 2**31 - 1
 ARRIVED, GO, UPLOAD = 31001, 31002, 31003  # tags: the barrier's messages, a client's message to rank 0
 POSTED, SENDING = 31004, 31005  # tags: rank 0 receives a rank's messages up to n / the rank sends them up to n
 PROBE = 31006  # tag: the start-up transfer that tells whether the library moves a message without its sender
@@ -204,7 +200,8 @@ class MpiComm(Comm):
         if self.sends_at_once and not self._outbox and not _on_gpu(buf):
             self._send_control(message.number, 0, SENDING)
             message.types = contextlib.ExitStack()
-            message.request = self.comm.Isend(message.types.enter_context(self._typed(buf)), dest=0, tag=UPLOAD)
+            message.request = self.comm.Isend(message.types.enter_context(typed(buf, self.max_count)), dest=0,
+                                              tag=UPLOAD)
             self._at_once.append(message)
             self._take_control()
             return message
@@ -252,8 +249,8 @@ class MpiComm(Comm):
             return
         self._send_control(ready[-1].number, 0, SENDING)
         with contextlib.ExitStack() as types:  # a datatype freed under a pending send lives until it ends
-            pending = [Pending(0, m.number, self.comm.Isend(types.enter_context(self._typed(m.buf)), dest=0,
-                                                            tag=UPLOAD)) for m in ready]
+            pending = [Pending(0, m.number, self.comm.Isend(types.enter_context(typed(m.buf, self.max_count)),
+                                                            dest=0, tag=UPLOAD)) for m in ready]
         self.wait(pending, what, moving=lambda still: True)
         MPI.Request.Waitall([request for request, _ in self._control])  # the SENDING: a small send, long gone
         self._control = []
@@ -266,7 +263,7 @@ class MpiComm(Comm):
             pending = []
             for buf, source in zip(bufs, sources):
                 self._expected[source] += 1
-                message = types.enter_context(self._typed(buf))
+                message = types.enter_context(typed(buf, self.max_count))
                 pending.append(Pending(source, self._expected[source],
                                        self.comm.Irecv(message, source=source, tag=UPLOAD)))
             for source in sorted(set(sources)):
@@ -311,44 +308,11 @@ class MpiComm(Comm):
 
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:
-        with self._typed(buf) as message:
+        with typed(buf, self.max_count) as message:
             self.comm.Bcast(message, root=0)
 
     def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
-        block = self._gather_block(counts)
-        padded = [-(-c // block) * block for c in counts]
-        if block > 1 and sendbuf.nbytes != padded[self.rank]:
-            staged = sendbuf.new_zeros(padded[self.rank]) if isinstance(sendbuf, torch.Tensor) \
-                else np.zeros(padded[self.rank], dtype=np.uint8)
-            staged[:sendbuf.nbytes] = sendbuf
-            sendbuf = staged
-        recv, displs = self._receive_buffer(padded) if self.rank == 0 else (None, None)
-        dtype = MPI.BYTE if block == 1 else MPI.BYTE.Create_contiguous(block).Commit()
-        try:
-            self.comm.Gatherv(
-                [sendbuf, len(sendbuf) // block, dtype],
-                [recv, ([p // block for p in padded], [int(d) // block for d in displs]), dtype]
-                if self.rank == 0 else None,
-                root=0)
-        finally:
-            if block > 1:
-                dtype.Free()
-        if self.rank != 0:
-            return None
-        return [recv[d:d + c] for d, c in zip(displs, counts)]
-
-    @contextlib.contextmanager
-    def _typed(self, buf: Buffer):
-        """``buf`` as an MPI message: bytes, or above ``max_count`` one struct (freed on leaving)."""
-        n = buf.nbytes
-        if n <= self.max_count:
-            yield [buf, n, MPI.BYTE]
-            return
-        dtype = self._struct_type(n)
-        try:
-            yield [buf, 1, dtype]
-        finally:
-            dtype.Free()
+        return gatherv(self.comm, sendbuf, counts, self.max_count, self._receive_buffer)
 
     def bcast_object(self, obj):
         return self.comm.bcast(obj, root=0)
@@ -399,27 +363,6 @@ class MpiComm(Comm):
     def abort(self, code: int) -> NoReturn:
         abort_world(code)
 
-    # ------------------------------------------------------- large-count help
-    def _struct_type(self, n: int) -> MPI.Datatype:
-        block = _block_size(n, self.max_count)
-        whole, rest = divmod(n, block)
-        chunk = MPI.BYTE.Create_contiguous(block)
-        parts, counts, displs = [chunk], [whole], [0]
-        if rest:
-            parts.append(MPI.BYTE.Create_contiguous(rest))
-            counts.append(1)
-            displs.append(whole * block)
-        dtype = MPI.Datatype.Create_struct(counts, displs, parts).Commit()
-        for part in parts:
-            part.Free()
-        return dtype
-
-    def _gather_block(self, counts: list[int]) -> int:
-        block = 1
-        while sum(-(-c // block) for c in counts) > self.max_count:
-            block *= 2
-        return block
-
     # -------------------------------------------------------------- topology
     def node_layout(self) -> NodeLayout:
         """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them (every
@@ -442,9 +385,3 @@ def _on_gpu(buf: Buffer) -> bool:
     """Whether ``buf`` lives in GPU memory (the probe measured host memory only)."""
     return hasattr(buf, "__cuda_array_interface__") or getattr(buf, "is_cuda", False)
 
-
-def _block_size(n: int, max_count: int) -> int:
-    block = 1
-    while n // block > max_count:
-        block *= 2
-    return block
