@@ -29,16 +29,10 @@ Three properties matter beyond moving bytes:
   every message it receives before its receive returns.  Time spent sleeping counts as
   waiting (``seconds_waiting``), time spent spinning while bytes move as
   communication (``seconds_moving``), on both sides.
-* **Unless the library moves them alone.**  With a single-copy transfer (CMA,
-  XPMEM, KNEM) rank 0 copies a large message out of its sender's memory inside
-  its own calls, and waiting for it costs the sender the time the copy takes
-  (7 % of SCAFFOLD's rounds at K = 100).  Whether it does is not guessed from
-  settings: at start-up every client rank sends rank 0 ``PROBE_BYTES`` and
-  stays out of MPI for ``PROBE_PAUSE`` seconds (:meth:`MpiComm._probe_single_copy`);
-  a rank whose message rank 0 received meanwhile posts its host-memory messages
-  at once (``SENDING`` first, so rank 0's accounting is the same) and goes back
-  to training, and waits only in :meth:`MpiComm.complete`.  Every other rank
-  (another node over TCP, single copy off, a GPU buffer) keeps the handshake.
+* **Unless the library moves them alone** (:mod:`mpifl.transport.single_copy`):
+  a rank whose messages the start-up probe saw move without it posts its
+  host-memory messages at once (``SENDING`` first, so rank 0's accounting is
+  the same) and goes back to training, and waits only in :meth:`MpiComm.complete`.
 * **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
   takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
   when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
@@ -65,17 +59,13 @@ from ..process.world import loaded_libmpi
 from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
 from .large import INT_MAX, gatherv, typed
+from .single_copy import on_gpu, probe_single_copy
 from .liveness import Heartbeats
 from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 ARRIVED, GO, UPLOAD = 31001, 31002, 31003  # tags: the barrier's messages, a client's message to rank 0
 POSTED, SENDING = 31004, 31005  # tags: rank 0 receives a rank's messages up to n / the rank sends them up to n
-PROBE = 31006  # tag: the start-up transfer that tells whether the library moves a message without its sender
-PROBE_BYTES = 4 << 20  # far above every library's eager limit: a message that needs the rendezvous
-PROBE_PAUSE = 0.05  # seconds a prober stays out of MPI
-PROBE_MARGIN = 0.01  # seconds: a probe counts as moved without its sender if it arrived this long before it woke
-PROBE_GROUP = 16  # client ranks probed at once (rank 0 holds their messages: 64 MiB)
 FIRST_SLEEP = 5e-5  # seconds: the first sleep between polls
 LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
 
@@ -122,7 +112,7 @@ class MpiComm(Comm):
         # rank 0, per client rank: its messages whose receives are posted, and that it said it sends
         self._expected, self._sending = [0] * comm.size, [0] * comm.size
         self._heartbeats: Heartbeats | None = None  # the watch over the peers (watch_peers)
-        self.sends_at_once = self._probe_single_copy()
+        self.sends_at_once = probe_single_copy(comm)
 
     # ---------------------------------------------------------------- waiting
     def wait(self, pending: list[Pending], what: str, moving: Callable[[list[Pending]], bool] = lambda p: False,
@@ -197,7 +187,7 @@ class MpiComm(Comm):
         (and ``buf`` in host memory, and no message queued before it) send it at once."""
         self._numbered += 1
         message = Outgoing(self._numbered, buf)
-        if self.sends_at_once and not self._outbox and not _on_gpu(buf):
+        if self.sends_at_once and not self._outbox and not on_gpu(buf):
             self._send_control(message.number, 0, SENDING)
             message.types = contextlib.ExitStack()
             message.request = self.comm.Isend(message.types.enter_context(typed(buf, self.max_count)), dest=0,
@@ -272,40 +262,6 @@ class MpiComm(Comm):
             self.wait(pending, what, moving=lambda still: any(p.number <= self._sending[p.peer] for p in still),
                       owed=lambda: [r for r in set(sources) if self._sending[r] < self._expected[r]])
 
-    def _probe_single_copy(self) -> bool:
-        """Whether this rank's large messages reach rank 0 while it stays out of MPI (False on rank 0).
-
-        Client ranks, ``PROBE_GROUP`` at a time, each send rank 0 ``PROBE_BYTES`` and sleep ``PROBE_PAUSE``
-        before completing the send; rank 0 has posted its receives and notes when each completes.  One that
-        completed before its sender woke (the clock of the node, or of two nodes, ``PROBE_MARGIN`` apart at
-        most) moved without its sender: the library's single copy, seen working between these two processes.
-        A slow or descheduled rank 0 can only make the answer no (the handshake)."""
-        at_once = [False] * self.size
-        for first in range(1, self.size, PROBE_GROUP):
-            group = range(first, min(first + PROBE_GROUP, self.size))
-            woke = np.zeros(1)
-            if self.rank == 0:
-                bufs = np.empty((len(group), PROBE_BYTES), dtype=np.uint8)
-                requests = dict(zip(group, (self.comm.Irecv(buf, source=r, tag=PROBE) for buf, r in zip(bufs, group))))
-                done: dict[int, float] = {}
-                self.comm.Barrier()
-                while len(done) < len(group):
-                    done.update((r, time.time()) for r, request in requests.items()
-                                if r not in done and request.Test())
-                for r in group:
-                    self.comm.Recv(woke, source=r, tag=PROBE)
-                    at_once[r] = done[r] < woke[0] - PROBE_MARGIN
-            else:
-                message = np.ones(PROBE_BYTES, dtype=np.uint8) if self.rank in group else None
-                self.comm.Barrier()
-                if message is not None:
-                    sent = self.comm.Isend(message, dest=0, tag=PROBE)
-                    time.sleep(PROBE_PAUSE)
-                    woke[0] = time.time()
-                    sent.Wait()
-                    self.comm.Send(woke, dest=0, tag=PROBE)
-        return self.comm.bcast(at_once, root=0)[self.rank]
-
     # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:
         with typed(buf, self.max_count) as message:
@@ -379,9 +335,4 @@ class MpiComm(Comm):
         sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1
         return NodeLayout(hostname=socket.gethostname(), rank=self.rank, node_ranks=ranks, client_ranks=clients,
                           cores=len(mine), sharing=max(1, sharing))
-
-
-def _on_gpu(buf: Buffer) -> bool:
-    """Whether ``buf`` lives in GPU memory (the probe measured host memory only)."""
-    return hasattr(buf, "__cuda_array_interface__") or getattr(buf, "is_cuda", False)
 
