@@ -134,16 +134,16 @@ def run_rank(cfg: RunConfig, comm: Comm, stop: StopRequest, resume: bool, watch:
     # the server gives up first, so a hung client is named once by it; a hung server is found by
     # client rank 1, whose abort ends the job well before rank 2's clock (3 s later) runs out
     comm.timeout = cfg.round_timeout + 3 * comm.rank if cfg.round_timeout else None
+    out = Path(cfg.out) if cfg.out else default_run_dir(cfg)  # --out, or a new name under runs/
     if cfg.holdout == "all":
-        _run_all_folds(cfg, comm, stop, watch)
+        _run_all_folds(cfg, out, comm, stop, watch)
     else:
-        _run(cfg, comm, stop, watch, resume=resume)
+        _run(cfg, out, comm, stop, watch, resume=resume)
     maybe_inject(rank=comm.rank, client=-1, round_index=cfg.rounds + 2)  # tests: every result is written
 
 
-def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None) -> None:
-    """``--holdout all``: one leave-one-domain-out run per domain, in <out>/holdout-<domain>, then a fold table."""
-    base = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+def _run_all_folds(cfg: RunConfig, base: Path, comm: Comm, stop: StopRequest, watch: PeerWatch | None) -> None:
+    """``--holdout all``: one leave-one-domain-out run per domain, in <base>/holdout-<domain>, then a fold table."""
 
     def check():
         nonlocal base
@@ -155,31 +155,33 @@ def _run_all_folds(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWat
     manifest = collectively(comm, lambda: None, check)
     domains = comm.bcast_object(manifest.domains if comm.rank == 0 else None)
     for domain in domains:
-        _run(dataclasses.replace(cfg, holdout=domain, out=str(holdout_fold(base, domain))), comm, stop, watch)
+        fold = holdout_fold(base, domain)
+        _run(dataclasses.replace(cfg, holdout=domain, out=str(fold)), fold, comm, stop, watch)
     if comm.rank == 0:
         table = fold_summary({d: holdout_fold(base, d) for d in domains})
         write_fold_table(base, table)
         print(table)
 
 
-def _run(cfg: RunConfig, comm: Comm, stop: StopRequest, watch: PeerWatch | None, resume: bool = False) -> None:
-    """One run on this rank.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks it while the
-    ranks set up, and writes into it only once every rank has, so a refused run changes nothing on disk."""
+def _run(cfg: RunConfig, out: Path, comm: Comm, stop: StopRequest, watch: PeerWatch | None,
+         resume: bool = False) -> None:
+    """One run on this rank, into ``out``.  Rank 0 owns the run directory (:mod:`mpifl.rundir.directory`): it checks
+    it while the ranks set up, and writes into it only once every rank has, so a refused run changes nothing on
+    disk."""
     # rank 0's run directory, claimed, once it is this run's: where a bug's traceback goes
     opened: RunDir | None = None
     tracking = Tracking([])  # rank 0's live trackers (--track), started once the run may write
 
     def check_run_dir():
-        nonlocal opened
+        nonlocal opened, out
         if comm.rank != 0:
             return None
         check_installed(cfg)  # a missing package is refused before anything is looked at or written
-        path = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         if resume:
-            opened = RunDir.claim_resumed(path)
+            opened = RunDir.claim_resumed(out)
         else:
-            path = check_new(path, cfg.holdout)
-        return str(path), read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
+            out = check_new(out, cfg.holdout)
+        return str(out), read_labels(cfg, ensure_dataset(cfg.data_root, cfg.data))
 
     try:
         # the run directory, and the labels a Dirichlet split needs

@@ -45,8 +45,17 @@ CLIENT_MARGIN = 1.25  # a client rank gives rank 0 this many times the timeout b
 LONGEST_INTERVAL = 1.0  # seconds between heartbeats, at most; a tenth of the timeout below 10 s
 
 
+def unwatchable() -> str | None:
+    """Why this MPI library cannot watch the peers, if it cannot: the thread needs ``MPI_THREAD_MULTIPLE``."""
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return ("the MPI library gives no MPI_THREAD_MULTIPLE, so a node that fails or is cut off is not "
+                "noticed (--peer-timeout has no effect)")
+    return None
+
+
 class Heartbeats:
-    """This rank's watch over its peers, on ``comm`` (a communicator of its own), once :meth:`start`-ed.
+    """This rank's watch over its peers, on a duplicate of ``world`` (a communicator of its own), once
+    :meth:`start`-ed.
 
     ``on_lost(peers, seconds, error)`` runs on the watching thread when ``peers`` have been silent for longer than
     ``seconds`` (this rank's timeout), or at once when the MPI library reports an error for one (``error``, its
@@ -55,15 +64,15 @@ class Heartbeats:
     goodbye, and sends its peers heartbeats until its own.
     """
 
-    def __init__(self, comm: MPI.Comm, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
+    def __init__(self, world: MPI.Comm, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                  on_end: Callable[[], None]):
-        self.comm = comm
-        self.peers = list(range(1, comm.size)) if comm.rank == 0 else [0]
-        self.timeout = timeout * (1 if comm.rank == 0 else CLIENT_MARGIN)
+        self.comm = world.Dup()
+        self.peers = list(range(1, world.size)) if world.rank == 0 else [0]
+        self.timeout = timeout * (1 if world.rank == 0 else CLIENT_MARGIN)
         self.interval = min(LONGEST_INTERVAL, timeout / 10)
         self.on_lost, self.on_end = on_lost, on_end
         self._tokens = {kind: np.array([kind], dtype=np.uint8) for kind in (BEAT, BYE, END)}
-        self._inbox = np.zeros(comm.size, dtype=np.uint8)  # where peer p's byte lands
+        self._inbox = np.zeros(world.size, dtype=np.uint8)  # where peer p's byte lands
         self._done = threading.Event()  # this rank's part of the job is done (goodbye)
         self._gone: list[int] = []  # the peers lost while this rank said goodbye
         self._thread = threading.Thread(target=self._watch, name="mpifl-heartbeats", daemon=True)

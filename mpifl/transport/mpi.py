@@ -1,185 +1,52 @@
 """The MPI transport: one process per rank; per round one broadcast down, one gather up and one message per
-trained client to rank 0, on raw byte buffers.
+trained client to rank 0, on any buffer MPI can read: a numpy array, or a torch tensor (mpi4py takes it through
+DLPack or ``__cuda_array_interface__``), a GPU tensor when the MPI library is CUDA-aware
+(:mod:`mpifl.transport.gpu_mpi`).
 
-Three properties matter beyond moving bytes:
-
-* **Sleep only while waiting for a peer; never while bytes move.**  MPICH and
-  Open MPI spin inside blocking calls, so a server waiting for clients, or a
-  client waiting for the next round, would steal a core from a rank that is
-  training.  Every collective is therefore preceded by a barrier of
-  non-blocking messages that the waiting side polls with short sleeps (each
-  client rank tells rank 0 it has arrived, rank 0 tells them all to go once
-  all have, so rank 0 knows who is missing); the collective itself starts
-  only when every rank has arrived, and runs at full speed.
-* **Messages move while both ends are in MPI.**  Without single-copy
-  transfers (CMA, XPMEM, KNEM: off in many containers, and for some pinned
-  buffers) an MPI library moves a large message in small pieces, each needing
-  a call on both sides; a message posted before its sender went back to
-  training would crawl (and under MPICH it also holds back every later
-  message to rank 0).  So a client's message to rank 0 waits in its sender's
-  outbox until rank 0 has posted the receive for it (rank 0 says so:
-  ``POSTED``, how many of that rank's messages it is receiving now); the
-  sender then says it is sending (``SENDING``, up to which message), sends,
-  and calls into MPI without sleeping until they are through; rank 0 stops
-  sleeping while a message announced by ``SENDING`` is pending.  A sender
-  looks for ``POSTED`` each time it posts a message and while it waits in
-  :meth:`MpiComm.complete`, so rank 0 folds a rank's uploads while it trains
-  its next clients.  Every control message is received: a sender takes every
-  ``POSTED`` before its last message leaves, and rank 0 the ``SENDING`` of
-  every message it receives before its receive returns.  Time spent sleeping counts as
-  waiting (``seconds_waiting``), time spent spinning while bytes move as
-  communication (``seconds_moving``), on both sides.
-* **Unless the library moves them alone.**  With a single-copy transfer (CMA,
-  XPMEM, KNEM) rank 0 copies a large message out of its sender's memory inside
-  its own calls, and waiting for it costs the sender the time the copy takes
-  (7 % of SCAFFOLD's rounds at K = 100).  Whether it does is not guessed from
-  settings: at start-up every client rank sends rank 0 ``PROBE_BYTES`` and
-  stays out of MPI for ``PROBE_PAUSE`` seconds (:meth:`MpiComm._probe_single_copy`);
-  a rank whose message rank 0 received meanwhile posts its host-memory messages
-  at once (``SENDING`` first, so rank 0's accounting is the same) and goes back
-  to training, and waits only in :meth:`MpiComm.complete`.  Every other rank
-  (another node over TCP, single copy off, a GPU buffer) keeps the handshake.
-* **Any buffer MPI can read.**  A numpy array, or a torch tensor (mpi4py
-  takes it through DLPack or ``__cuda_array_interface__``): a GPU tensor
-  when the MPI library is CUDA-aware (:mod:`mpifl.transport.gpu_mpi`).
-* **No 2 GiB limit.**  MPI counts are C ints.  Buffers above ``max_count``
-  bytes travel as derived datatypes (BigMPI's construction): a broadcast or
-  a message as one struct of whole blocks plus the remainder, a gather with
-  each rank's segment padded to a common block.  Still one collective.
+Every collective is preceded by a barrier of non-blocking messages (each client rank tells rank 0 it has arrived,
+rank 0 tells them all to go once all have, so rank 0 knows who is missing) that the waiting side polls with short
+sleeps (:mod:`mpifl.transport.polling`); the collective itself starts only when every rank has arrived, and runs
+at full speed.  The messages to rank 0 move by a handshake (:mod:`mpifl.transport.handshake`) unless the library
+moves them alone (:mod:`mpifl.transport.single_copy`); buffers above 2 GiB travel as derived datatypes
+(:mod:`mpifl.transport.large`); the peers are watched by heartbeats (:mod:`mpifl.transport.liveness`), and the
+node's ranks found by a shared-memory split (:mod:`mpifl.transport.mpi_node`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import socket
 import threading
-import time
-from dataclasses import dataclass
 from typing import Callable, NoReturn
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from ..process.abort import abort_world
-from ..process.node_files import MPICH_NODE, forget_launcher_files, forget_segments
 from ..process.world import loaded_libmpi
-from .comm import Comm, clocks
 from .gpu_mpi import cuda_aware
-from .liveness import Heartbeats
-from .topology import NodeLayout, affinity
+from .handshake import HandshakeComm
+from .large import INT_MAX, gatherv, typed
+from .liveness import Heartbeats, unwatchable
+from .mpi_node import node_layout
+from .polling import Pending
+from .topology import NodeLayout
 from .wire import Buffer
 
-INT_MAX = 2**31 - 1
-ARRIVED, GO, UPLOAD = 31001, 31002, 31003  # tags: the barrier's messages, a client's message to rank 0
-POSTED, SENDING = 31004, 31005  # tags: rank 0 receives a rank's messages up to n / the rank sends them up to n
-PROBE = 31006  # tag: the start-up transfer that tells whether the library moves a message without its sender
-PROBE_BYTES = 4 << 20  # far above every library's eager limit: a message that needs the rendezvous
-PROBE_PAUSE = 0.05  # seconds a prober stays out of MPI
-PROBE_MARGIN = 0.01  # seconds: a probe counts as moved without its sender if it arrived this long before it woke
-PROBE_GROUP = 16  # client ranks probed at once (rank 0 holds their messages: 64 MiB)
-FIRST_SLEEP = 5e-5  # seconds: the first sleep between polls
-LONG_WAIT_SLEEP = 0.05  # seconds: the longest sleep between polls, reached after 5 s of waiting
+ARRIVED, GO = 31001, 31002  # tags: the barrier's messages (the handshake's are 31003-31005, the probe's 31006)
 
 
-@dataclass
-class Pending:
-    """A request being waited for: its peer rank and, for a client's message, its number in that client
-    rank's sequence of messages to rank 0 (from 1; 0 for the barrier's messages)."""
-
-    peer: int
-    number: int
-    request: MPI.Request
-
-
-@dataclass
-class Outgoing:
-    """A client's message to rank 0, held in its sender's outbox until rank 0 receives it; the handle of
-    :meth:`MpiComm.post`."""
-
-    number: int
-    buf: Buffer
-    request: MPI.Request | None = None  # sent at once (single copy): its send, ...
-    types: contextlib.ExitStack | None = None  # ... and the datatype it needs until it completes
-
-
-class MpiComm(Comm):
+class MpiComm(HandshakeComm):
     """World communicator with polite waiting and large-buffer collectives."""
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, *, max_count: int = INT_MAX,
                  max_sleep: float = 0.002, timeout: float | None = None):
         peers = [f"pid {pid} on {host}" for pid, host in comm.allgather((os.getpid(), socket.gethostname()))]
-        super().__init__(comm.rank, comm.size, peers, timeout)
-        self.comm = comm
+        super().__init__(comm, peers, timeout=timeout, max_sleep=max_sleep, max_count=max_count)
         self._token = np.zeros(1, dtype=np.uint8)  # the barrier's messages: one byte, never read
         self._inbox = np.zeros(comm.size, dtype=np.uint8)  # where rank r's byte lands
-        self.max_count = max_count
-        self.max_sleep = max_sleep
-        self._control: list[tuple[MPI.Request, np.ndarray]] = []  # POSTED / SENDING sends not yet complete
-        self._number = np.zeros(1, dtype=np.int64)  # where a POSTED or SENDING lands
-        # a client rank: its messages to rank 0 numbered, sent, and received by rank 0 as far as it said
-        self._outbox: list[Outgoing] = []
-        self._at_once: list[Outgoing] = []  # sent at once (single copy), not yet known to be received
-        self._numbered = self._sent = self._posted = 0
-        # rank 0, per client rank: its messages whose receives are posted, and that it said it sends
-        self._expected, self._sending = [0] * comm.size, [0] * comm.size
         self._heartbeats: Heartbeats | None = None  # the watch over the peers (watch_peers)
-        self.sends_at_once = self._probe_single_copy()
-
-    # ---------------------------------------------------------------- waiting
-    def wait(self, pending: list[Pending], what: str, moving: Callable[[list[Pending]], bool] = lambda p: False,
-             owed: Callable[[], list[int]] = lambda: []) -> None:
-        """Complete ``pending`` and wait until no peer is ``owed()`` a control message, taking control messages
-        on every pass.
-
-        While ``moving(still pending)`` holds, the peer is inside MPI moving these bytes too: poll without
-        sleeping, and count the time as bytes moving.  Otherwise the peer is not there yet: sleep between
-        polls, doubling from 50 us up to ``max_sleep`` (2 ms), and in a long wait up to 1 % of the time waited
-        since bytes last moved (at most 50 ms): an arrival (a sender starting to send included) is noticed at
-        most 2 ms or 1 % late, and a rank waiting through a 20 s round wakes about 1 000 times instead of
-        10 000, which it would otherwise take from the cores of ranks that are training.
-        """
-        sleep = FIRST_SLEEP
-        start = idle_since = time.monotonic()
-        clock, cpu = clocks()
-        while True:
-            self._take_control()
-            spinning = bool(pending) and moving(pending)
-            still = [p for p in pending if not p.request.Test()]
-            # a pass that completed something moved bytes (with single copy, rank 0 copies inside its calls)
-            clock, cpu = self._count(spinning or len(still) < len(pending), clock, cpu)
-            pending = still
-            if not pending and not owed():
-                return
-            if spinning:
-                sleep, idle_since = FIRST_SLEEP, time.monotonic()
-                continue
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
-                raise self.timed_out(what, sorted({p.peer for p in pending} | set(owed())))
-            time.sleep(sleep)
-            clock, cpu = self._count(False, clock, cpu)
-            longest = min(LONG_WAIT_SLEEP, (time.monotonic() - idle_since) / 100)
-            sleep = min(sleep * 2, max(self.max_sleep, longest))
-
-    def _take_control(self) -> None:
-        """Rank 0: take every SENDING.  A client rank: take every POSTED."""
-        self._control = [(request, data) for request, data in self._control if not request.Test()]
-        if self.rank == 0:
-            status = MPI.Status()
-            while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=SENDING, status=status):
-                source = status.Get_source()
-                self.comm.Recv(self._number, source=source, tag=SENDING)
-                self._sending[source] = max(self._sending[source], int(self._number[0]))
-        else:
-            while self._posted < self._numbered and self.comm.Iprobe(source=0, tag=POSTED):
-                self.comm.Recv(self._number, source=0, tag=POSTED)
-                self._posted = max(self._posted, int(self._number[0]))
-
-    def _send_control(self, number: int, dest: int, tag: int) -> None:
-        data = np.array([number], dtype=np.int64)
-        self._control.append((self.comm.Isend(data, dest=dest, tag=tag), data))
 
     def _barrier(self, what: str) -> None:
         """Every client rank sends rank 0 'arrived' and waits for 'go'; rank 0 sends 'go' once all arrived."""
@@ -187,168 +54,19 @@ class MpiComm(Comm):
             clients = range(1, self.size)
             self.wait([Pending(r, 0, self.comm.Irecv(self._inbox[r:r + 1], source=r, tag=ARRIVED))
                        for r in clients], what)
-            MPI.Request.Waitall([request for request, _ in self._control])  # POSTED: every rank has taken them
-            self._control = []
+            self._settle_control()  # POSTED: every rank has taken them
             MPI.Request.Waitall([self.comm.Isend(self._token, dest=r, tag=GO) for r in clients])
         else:
             sent = self.comm.Isend(self._token, dest=0, tag=ARRIVED)
             self.wait([Pending(0, 0, self.comm.Irecv(self._inbox[0:1], source=0, tag=GO))], what)
             sent.Wait()
 
-    # ------------------------------------------------------------ messages to rank 0
-    def _post(self, buf: Buffer) -> Outgoing:
-        """Queue ``buf`` and send what rank 0 is receiving now (this message too, if it is); with single copy
-        (and ``buf`` in host memory, and no message queued before it) send it at once."""
-        self._numbered += 1
-        message = Outgoing(self._numbered, buf)
-        if self.sends_at_once and not self._outbox and not _on_gpu(buf):
-            self._send_control(message.number, 0, SENDING)
-            message.types = contextlib.ExitStack()
-            message.request = self.comm.Isend(message.types.enter_context(self._typed(buf)), dest=0, tag=UPLOAD)
-            self._at_once.append(message)
-            self._take_control()
-            return message
-        self._outbox.append(message)
-        self._take_control()
-        self._send_posted("the server's receive of an upload")
-        return message
-
-    def _complete(self, handles: list[Outgoing], what: str) -> None:
-        """Send the messages of ``handles`` (and those before them) as rank 0 comes to receive them."""
-        last = max((h.number for h in handles), default=0)
-        self._complete_at_once(last, what)
-        sleep, start = FIRST_SLEEP, time.monotonic()
-        while True:
-            self._take_control()
-            self._send_posted(what)  # counts its own time, as bytes moving
-            if self._sent >= last:
-                return
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
-                raise self.timed_out(what, [0])
-            with self._waiting():  # rank 0 has not posted their receives yet
-                time.sleep(sleep)
-            sleep = min(sleep * 2, self.max_sleep)
-
-    def _complete_at_once(self, last: int, what: str) -> None:
-        """Wait until rank 0 has received the messages sent at once up to number ``last``, and has said it
-        receives them (every POSTED taken); rank 0 copies them itself, so the time counts as waiting."""
-        done = [m for m in self._at_once if m.number <= last]
-        if not done:
-            return
-        self.wait([Pending(0, m.number, m.request) for m in done], what,
-                  owed=lambda: [0] if self._posted < done[-1].number else [])
-        MPI.Request.Waitall([request for request, _ in self._control])  # the SENDINGs: small sends, long gone
-        self._control = []
-        for m in done:
-            m.types.close()
-        self._at_once = self._at_once[len(done):]
-        self._sent = max(self._sent, done[-1].number)
-
-    def _send_posted(self, what: str) -> None:
-        """Send, without sleeping, every queued message whose receive rank 0 has posted (after telling it:
-        SENDING, so that it stops sleeping too)."""
-        ready = [m for m in self._outbox if m.number <= self._posted]
-        if not ready:
-            return
-        self._send_control(ready[-1].number, 0, SENDING)
-        with contextlib.ExitStack() as types:  # a datatype freed under a pending send lives until it ends
-            pending = [Pending(0, m.number, self.comm.Isend(types.enter_context(self._typed(m.buf)), dest=0,
-                                                            tag=UPLOAD)) for m in ready]
-        self.wait(pending, what, moving=lambda still: True)
-        MPI.Request.Waitall([request for request, _ in self._control])  # the SENDING: a small send, long gone
-        self._control = []
-        self._outbox = self._outbox[len(ready):]
-        self._sent = ready[-1].number
-
-    def _receive(self, bufs: list[Buffer], sources: list[int], what: str) -> None:
-        """Post the receives, tell their senders (POSTED), and spin while an announced one is pending."""
-        with contextlib.ExitStack() as types:
-            pending = []
-            for buf, source in zip(bufs, sources):
-                self._expected[source] += 1
-                message = types.enter_context(self._typed(buf))
-                pending.append(Pending(source, self._expected[source],
-                                       self.comm.Irecv(message, source=source, tag=UPLOAD)))
-            for source in sorted(set(sources)):
-                self._send_control(self._expected[source], source, POSTED)
-            # a sender announces its messages (SENDING) before they leave: once they are in, take that too
-            self.wait(pending, what, moving=lambda still: any(p.number <= self._sending[p.peer] for p in still),
-                      owed=lambda: [r for r in set(sources) if self._sending[r] < self._expected[r]])
-
-    def _probe_single_copy(self) -> bool:
-        """Whether this rank's large messages reach rank 0 while it stays out of MPI (False on rank 0).
-
-        Client ranks, ``PROBE_GROUP`` at a time, each send rank 0 ``PROBE_BYTES`` and sleep ``PROBE_PAUSE``
-        before completing the send; rank 0 has posted its receives and notes when each completes.  One that
-        completed before its sender woke (the clock of the node, or of two nodes, ``PROBE_MARGIN`` apart at
-        most) moved without its sender: the library's single copy, seen working between these two processes.
-        A slow or descheduled rank 0 can only make the answer no (the handshake)."""
-        at_once = [False] * self.size
-        for first in range(1, self.size, PROBE_GROUP):
-            group = range(first, min(first + PROBE_GROUP, self.size))
-            woke = np.zeros(1)
-            if self.rank == 0:
-                bufs = np.empty((len(group), PROBE_BYTES), dtype=np.uint8)
-                requests = dict(zip(group, (self.comm.Irecv(buf, source=r, tag=PROBE) for buf, r in zip(bufs, group))))
-                done: dict[int, float] = {}
-                self.comm.Barrier()
-                while len(done) < len(group):
-                    done.update((r, time.time()) for r, request in requests.items()
-                                if r not in done and request.Test())
-                for r in group:
-                    self.comm.Recv(woke, source=r, tag=PROBE)
-                    at_once[r] = done[r] < woke[0] - PROBE_MARGIN
-            else:
-                message = np.ones(PROBE_BYTES, dtype=np.uint8) if self.rank in group else None
-                self.comm.Barrier()
-                if message is not None:
-                    sent = self.comm.Isend(message, dest=0, tag=PROBE)
-                    time.sleep(PROBE_PAUSE)
-                    woke[0] = time.time()
-                    sent.Wait()
-                    self.comm.Send(woke, dest=0, tag=PROBE)
-        return self.comm.bcast(at_once, root=0)[self.rank]
-
-    # ------------------------------------------------------------ collectives
     def _bcast(self, buf: Buffer) -> None:
-        with self._typed(buf) as message:
+        with typed(buf, self.max_count) as message:
             self.comm.Bcast(message, root=0)
 
     def _gatherv(self, sendbuf: Buffer, counts: list[int]) -> list[Buffer] | None:
-        block = self._gather_block(counts)
-        padded = [-(-c // block) * block for c in counts]
-        if block > 1 and sendbuf.nbytes != padded[self.rank]:
-            staged = sendbuf.new_zeros(padded[self.rank]) if isinstance(sendbuf, torch.Tensor) \
-                else np.zeros(padded[self.rank], dtype=np.uint8)
-            staged[:sendbuf.nbytes] = sendbuf
-            sendbuf = staged
-        recv, displs = self._receive_buffer(padded) if self.rank == 0 else (None, None)
-        dtype = MPI.BYTE if block == 1 else MPI.BYTE.Create_contiguous(block).Commit()
-        try:
-            self.comm.Gatherv(
-                [sendbuf, len(sendbuf) // block, dtype],
-                [recv, ([p // block for p in padded], [int(d) // block for d in displs]), dtype]
-                if self.rank == 0 else None,
-                root=0)
-        finally:
-            if block > 1:
-                dtype.Free()
-        if self.rank != 0:
-            return None
-        return [recv[d:d + c] for d, c in zip(displs, counts)]
-
-    @contextlib.contextmanager
-    def _typed(self, buf: Buffer):
-        """``buf`` as an MPI message: bytes, or above ``max_count`` one struct (freed on leaving)."""
-        n = buf.nbytes
-        if n <= self.max_count:
-            yield [buf, n, MPI.BYTE]
-            return
-        dtype = self._struct_type(n)
-        try:
-            yield [buf, 1, dtype]
-        finally:
-            dtype.Free()
+        return gatherv(self.comm, sendbuf, counts, self.max_count, self._receive_buffer)
 
     def bcast_object(self, obj):
         return self.comm.bcast(obj, root=0)
@@ -359,17 +77,19 @@ class MpiComm(Comm):
     def allgather_object(self, obj):
         return self.comm.allgather(obj)
 
+    def node_layout(self) -> NodeLayout:
+        return node_layout(self.comm)
+
     def cuda_aware(self) -> bool | None:
         return cuda_aware()
 
     def watch_peers(self, timeout: float, on_lost: Callable[[list[int], float, str | None], None],
                     on_end: Callable[[], None]) -> str | None:
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            return ("the MPI library gives no MPI_THREAD_MULTIPLE, so a node that fails or is cut off is not "
-                    "noticed (--peer-timeout has no effect)")
-        self._heartbeats = Heartbeats(self.comm.Dup(), timeout, on_lost, on_end)
-        self._heartbeats.start()
-        return None
+        why = unwatchable()
+        if why is None:
+            self._heartbeats = Heartbeats(self.comm, timeout, on_lost, on_end)
+            self._heartbeats.start()
+        return why
 
     def end_job(self) -> None:
         if self._heartbeats is not None:
@@ -398,53 +118,3 @@ class MpiComm(Comm):
 
     def abort(self, code: int) -> NoReturn:
         abort_world(code)
-
-    # ------------------------------------------------------- large-count help
-    def _struct_type(self, n: int) -> MPI.Datatype:
-        block = _block_size(n, self.max_count)
-        whole, rest = divmod(n, block)
-        chunk = MPI.BYTE.Create_contiguous(block)
-        parts, counts, displs = [chunk], [whole], [0]
-        if rest:
-            parts.append(MPI.BYTE.Create_contiguous(rest))
-            counts.append(1)
-            displs.append(whole * block)
-        dtype = MPI.Datatype.Create_struct(counts, displs, parts).Commit()
-        for part in parts:
-            part.Free()
-        return dtype
-
-    def _gather_block(self, counts: list[int]) -> int:
-        block = 1
-        while sum(-(-c // block) for c in counts) > self.max_count:
-            block *= 2
-        return block
-
-    # -------------------------------------------------------------- topology
-    def node_layout(self) -> NodeLayout:
-        """The world ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them (every
-        one has started MPI), the rank unlinks MPICH's shared-memory file of the node and Hydra's topology file:
-        nothing of them is left however the job ends (:mod:`mpifl.process.node_files`)."""
-        mine = affinity()
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
-        local.Free()
-        forget_segments(MPICH_NODE)
-        forget_launcher_files()
-        ranks = tuple(sorted(everyone))
-        clients = tuple(r for r in ranks if r != 0)
-        sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1
-        return NodeLayout(hostname=socket.gethostname(), rank=self.rank, node_ranks=ranks, client_ranks=clients,
-                          cores=len(mine), sharing=max(1, sharing))
-
-
-def _on_gpu(buf: Buffer) -> bool:
-    """Whether ``buf`` lives in GPU memory (the probe measured host memory only)."""
-    return hasattr(buf, "__cuda_array_interface__") or getattr(buf, "is_cuda", False)
-
-
-def _block_size(n: int, max_count: int) -> int:
-    block = 1
-    while n // block > max_count:
-        block *= 2
-    return block
