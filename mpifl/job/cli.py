@@ -1,5 +1,6 @@
-"""The command line of ``python -m mpifl.run``: its options (core ones, and every method's own), how they
-merge with ``--config``, ``--preset`` and ``--resume`` into one :class:`RunConfig`, and ``--show-manifest``.
+"""The command line of ``python -m mpifl.run``: its options (every run's, :data:`~mpifl.plan.config.RUN_OPTIONS`,
+and every method's own), how they merge with ``--config``, ``--preset`` and ``--resume`` into one
+:class:`RunConfig`, and ``--show-manifest``.
 
 What a parsed command then does on every rank is :mod:`mpifl.job.start`'s.
 """
@@ -20,173 +21,29 @@ from ..algorithms import ALGORITHMS, all_options, get_algorithm
 from ..data import KNOWN_DATASETS, default_data_root, default_model
 from ..errors import MpiflError
 from ..models import MODEL_DESCRIPTIONS, MODEL_NAMES
-from ..plan.config import (CORE_KEYS, RESUMABLE, Option, RunConfig, check, check_acting, coerce, read_config_file,
-                           resolve)
+from ..plan.config import (CORE_KEYS, RESUMABLE, RUN_OPTIONS, Option, RunConfig, check, check_acting, coerce,
+                           read_config_file, resolve, resumable)
 from ..plan.normalize import resolve_input_norm
 from ..presets import apply_preset, describe_presets
 from ..rundir.directory import resumed_config
 
-_HELP = {
-    "algo": "federated method: " + "; ".join(f"{n} = {c.summary.split(': ', 1)[-1]}" for n, c in ALGORITHMS.items()),
-    "preset": "one experiment of the papers (--list-presets): its dataset, model and hyperparameters, at the "
-              "level of a config file (--config and flags override it); --algo picks the method",
-    "data": "dataset name (shards under --data-root); styledigits is generated on first use, "
-            "others: " + ", ".join(k for k in KNOWN_DATASETS if k != "styledigits"),
-    "data_root": "directory holding <data>/<domain>.h5 shards (env MPIFL_DATA_ROOT)",
-    "model": "network (auto: the dataset's usual one, digitmodel for styledigits/digits, resnet18 for "
-             "PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): "
-             + "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items())
-             + "; each is built with the normalization and conv kind its method asks for",
-    "norm": "normalization layers: auto (the method's own: bn for most, perxan gperxan, jsbn fedstein, agn "
-            "fednn, none fedwon, gn/ln fedavg-gn/-ln), or one of bn, gn, ln, in, none, perxan, agn, jsbn, ibn "
-            "(IBN-Net's IBN-a: IN on half the channels, BN on the rest; DenseNet: IN on the last 40 %), dson "
-            "(DSON: learned mix of BN and IN statistics, every entry a BN side); a method whose rule needs its own "
-            "kind refuses the others",
-    "norm_blocks": "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all for perxan and "
-                   "dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet block bn1, "
-                   "every third DenseNet norm1, MobileNetV2 each block's first norm, plain CNNs and U-Net every conv "
-                   "norm; the stem stays BN), all, N (the stem and the first N stages) or N-nostem (those stages "
-                   "without the stem); gperxan's --perxan-blocks is the same",
-    "pretrained": "local torchvision-format checkpoint to initialise the model from (no download); a classifier "
-                  "of another size is skipped; PerXAN models take BN weights on their BN side; inputs are "
-                  "then normalized with ImageNet's mean and std (--input-norm auto)",
-    "rounds": "communication rounds",
-    "local_epochs": "local epochs per round (E)",
-    "batch_size": "local mini-batch size (B)",
-    "lr": "local learning rate (of round 1, before --lr-schedule)",
-    "momentum": "local SGD momentum (--optimizer sgd; the buffers are fresh each round unless --keep-optimizer)",
-    "weight_decay": "local weight decay (an L2 term in the gradient)",
-    "seg_loss": "training loss of a segmentation dataset, one for every method of a run: dice (softmax over all "
-                "classes, background included; FedRDN's paper), dice-ce, (CE + Dice) / 2 (the HarmoFL and FedFA "
-                "prostate code), or sigmoid-dice (ELCFS's code: a sigmoid head of the foreground classes only, Dice "
-                "averaged over them, no CE; a pixel is foreground above 0.75); the Dice score counts every class "
-                "whatever the loss; a classification dataset trains with cross-entropy",
-    "optimizer": "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation setting: --lr 1e-3 "
-                 "--weight-decay 1e-4; --momentum is refused with it)",
-    "lr_schedule": "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp (lr gamma^(r-1); "
-                   "FedNN: gamma 0.998), step (lr gamma^floor((r-1)/--lr-step)), or cosine (lr_min + (lr - lr_min)"
-                   "(1 + cos(pi r/R))/2, gPerXAN's code: round R trains at --lr-min, later rounds too)",
-    "lr_gamma": "decay factor of --lr-schedule exp and step",
-    "lr_step": "rounds between two decays of --lr-schedule step",
-    "lr_min": "learning rate --lr-schedule cosine reaches in round R",
-    "schedule_rounds": "R, the rounds that schedules over the run span (--lr-schedule cosine, FixBN's default "
-                       "switch, FedNN's temperature); 0 = --rounds. Stored in config.json: a run resumed with more "
-                       "--rounds keeps them (each schedule stays at its round-R value after R)",
-    "max_grad_norm": "clip every local step's gradient to this L2 norm over all parameters, after the method's "
-                     "corrections (FedNN's code: 10, for every method); 0 = off",
-    "keep_optimizer": "keep each client's optimizer state (SGD momentum; Adam moments and steps) from one of its "
-                      "rounds to its next, as gPerXAN's code and FixBN's paper do: private state, checkpointed, never "
-                      "sent (default: a fresh optimizer each round; refused by the methods whose rule assumes one: "
-                      + ", ".join(n for n, c in ALGORITHMS.items() if c.fresh_optimizer) + ")",
-    "clients_per_domain": "clients per domain (K): 1 = cross-silo; K > 1 splits each domain into K clients",
-    "num_clients": "total clients N dealt over the domains in turn (FedWon's sweep; label skew with --dirichlet); "
-                   "0 = clients-per-domain x domains",
-    "dirichlet": "split each domain among its clients by class proportions drawn from Dir(ALPHA) (label skew), "
-                 "the same proportions for train, val and test; 0 = even random split",
-    "samples_per_client": "keep a seeded subset of S training images per client (equal-size training sets); 0 = all",
-    "percent": "keep a seeded fraction P of each client's training images (FedBN's --percent; its 10 Digits-Five "
-               "partitions of 743 images: --percent 0.1 is about one, --samples-per-client 743 exactly one)",
-    "fraction": "fraction C of clients sampled per round (at least one), seeded",
-    "holdout": "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images with the global "
-               "model; 'all' runs every fold in turn into <out>/holdout-<domain> and writes a fold table to "
-               "<out>/summary.md",
-    "input_norm": "input normalization with --aug none: auto (the default: imagenet with --pretrained, else "
-                  "pooled; config.json stores the mode it resolves to), pooled (mean/std over the train images of "
-                  "every domain in the dataset build), domain (each domain's own train mean/std, a held-out "
-                  "domain's too), fixed (the dataset's reference-code constants: 0.5/0.5 Digits-Five, 0/1 "
-                  "Office-Caltech-10 and DomainNet-10, as FedBN's code; mean 0, std 1/255 on prostate, the "
-                  "unscaled 0..255 of FedFA's and HarmoFL's loaders) or imagenet (ImageNet mean/std, for "
-                  "pre-trained backbones)",
-    "aug": "input normalization plug-in for any algorithm: none (dataset normalization), norm (each client's own "
-           "channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in training, own at test), "
-           "fedrdn-v (all clients' average)",
-    "aug_draw": "FedRDN draws: batch (mean and std drawn independently per mini-batch, the authors' code) or "
-                "sample (one client's pair per image, the paper's eq. 7)",
-    "aug_stats": "images a client's own statistics (--aug norm/fedrdn/fedrdn-v) are computed on: augmented (one "
-                 "pass through --train-transforms, as the authors' code computes them through its training "
-                 "loader) or raw (the stored training images)",
-    "train_transforms": "training augmentations, in batch on the device before normalization, per-image "
-                        "parameters from the client's seeded generator: comma list of flip, rotate (+-30 deg, "
-                        "nearest pixel, FedBN), rot90-flip (k x 90 deg, k in 0..4, then p 0.75 a "
-                        "top-bottom, left-right or both flip: HarmoFL's and FedFA's prostate loaders; square "
-                        "images), crop (pad size/8, reflect), jitter (brightness/contrast/saturation "
-                        "0.4), jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, gPerXAN), or none; on a "
-                        "segmentation task flip, rotate, rot90-flip and crop move each mask with its image "
-                        "(rotation fills it with background 0, crop reflects it), colour jitters leave masks alone",
-    "seed": "seed of everything random; results do not depend on the number of ranks",
-    "eval_every": "evaluate every N rounds (and after the last)",
-    "select_by": "best round: val-mean (mean source-domain validation accuracy of the evaluated model), local-val "
-                 "(clients' post-training local models' validation accuracy weighted by training samples, gPerXAN's "
-                 "code; recorded as train.local_val_acc) or auto (the method's own: local-val for gperxan, else "
-                 "val-mean); summary.csv's selection column names the rule",
-    "eval_batch_size": "batch size for evaluation",
-    "stream_above": "a client whose images exceed this many GiB streams them from its shard in blocks, read one "
-                    "block ahead, instead of keeping them in (device) memory",
-    "private_memory": "GiB of its clients' private state a client rank keeps in (device) memory; beyond it the "
-                      "least recently used clients' state goes to files under $TMPDIR until they train again "
-                      "(results are identical; 0 keeps only the client in use); that state (personal entries, control "
-                      "variates, kept optimizer state) is created when a client first trains",
-    "out": "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one run: a "
-           "directory holding a run's files or another run's directory, inside another run's, or in use by a live "
-           "run is refused (symbolic links and .. count where they lead)",
-    "device": "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs round-robin",
-    "threads": "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
-    "fold_threads": "cores rank 0 adds the clients' uploads into its sums on: itself and N-1 helper processes, "
-                    "each a range of the elements (the sums are the same bits for any count); 0 = the cores rank 0 "
-                    "may run on less those its node's client ranks train on (their --threads), 1 to 8",
-    "precision": "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast (weights, gradients "
-                 "and aggregation stay fp32; fp16 scales the loss and unscales before the method's gradient "
-                 "hooks); for GPUs: bf16 on a CPU is much slower than fp32",
-    "channels_last": "store conv weights and images NHWC (faster with tensor cores)",
-    "compile": "torch.compile each client rank's feature extractor (minutes of compiling once per rank; pays off "
-               "on GPUs over long runs)",
-    "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace, "
-                     "cuDNN without benchmarking, global average pooling as a mean): a GPU run then repeats bit for "
-                     "bit, over any number of ranks, as CPU runs always do; a model needing a kernel with no "
-                     "deterministic GPU version is refused in one line (cost measured: none visible on an H200, "
-                     "docs/benchmarks.md)",
-    "gpu_buffers": "where a GPU rank's messages live: auto (on the GPU when the MPI library is CUDA-aware, else "
-                   "pinned host memory; asked with MPIX_Query_cuda_support), pinned, or device (for a CUDA-aware MPI "
-                   "that cannot say so: Cray MPICH, MVAPICH2-GDR; refused when the library says no)",
-    "ckpt_every": "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when SIGUSR1, "
-                  "SIGTERM or a first Ctrl-C stops the run, which always checkpoints)",
-    "round_timeout": "fail the job, with one line naming the rank, its pid and host, when a rank has not "
-                     "answered for this many seconds (a hang); must exceed the longest round; 0 = wait forever",
-    "peer_timeout": "end the job, with one line naming the rank and its host, when a rank hears nothing from a "
-                    "peer for this many seconds: its node failed or is cut off the network (every rank sends its "
-                    "peers a heartbeat each second, whatever it is doing, so a long round is not a silence; rank 0 "
-                    "watches the client ranks, which give rank 0 a quarter more); exit 69; 0 = never",
-    "track": "live trackers rank 0 sends the run to while it goes on, a comma list of tensorboard (event files "
-             "in <out>/tracking/tensorboard), mlflow (a run in MLFLOW_TRACKING_URI's store, by default a SQLite "
-             "store in <out>/tracking/mlflow) and wandb (a W&B run, offline in <out>/tracking unless WANDB_MODE "
-             "and WANDB_DIR say otherwise): every record of metrics.jsonl as it is written, the options, and at the "
-             "end the summaries and the report's tables and figures; each needs its extra (pip install "
-             "'mpifl[mlflow]'); a resumed run continues the same tracker runs (the checkpoint names them); a "
-             "tracker that fails while the run goes on is dropped with one warning line; the numbers never depend "
-             "on it",
-}
 
-def _core_options() -> list[click.Option]:
-    defaults = RunConfig()
-    options = []
-    for name, text in _HELP.items():
-        default = getattr(defaults, name)
-        if name == "data_root":
-            default = str(default_data_root())
-        flag = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
-            options.append(click.Option([flag], is_flag=True, default=default, help=text))
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        options.append(click.Option([flag], type=kind, default=default, show_default=default is not None, help=text))
-    return options
+def _core_options(options: tuple[Option, ...]) -> list[click.Option]:
+    """A flag per run option; its help names what lies above mpifl.plan (the methods, datasets and models)."""
+    names = {"methods": "; ".join(f"{n} = {c.summary.split(': ', 1)[-1]}" for n, c in ALGORITHMS.items()),
+             "fresh_optimizer": ", ".join(n for n, c in ALGORITHMS.items() if c.fresh_optimizer),
+             "datasets": ", ".join(k for k in KNOWN_DATASETS if k != "styledigits"),
+             "models": "; ".join(f"{k} ({v})" for k, v in MODEL_DESCRIPTIONS.items())}
+    return [_click_option(o, str(default_data_root()) if o.name == "data_root" else o.default, o.help.format(**names))
+            for o in options]
 
 
 def _algo_options() -> list[click.Option]:
+    """A flag per method option, its help naming the methods that take it and their defaults."""
     options = []
     for opt in all_options().values():
         defaults = {n: o.default for n, c in ALGORITHMS.items() for o in c.options if o.name == opt.name}
-        options.append(_algo_option(opt, defaults))
+        options.append(_click_option(opt, None, f"{opt.help} [{_defaults_text(defaults)}]"))
     return options
 
 
@@ -204,11 +61,11 @@ def _defaults_text(defaults: dict) -> str:
     return f"default {', '.join(f'{n} {d}' for n, d in defaults.items())}"
 
 
-def _algo_option(opt: Option, defaults: dict) -> click.Option:
-    text = f"{opt.help} [{_defaults_text(defaults)}]"
+def _click_option(opt: Option, default, text: str) -> click.Option:
+    """``opt``'s flag: one without a value for a bool option, else one taking a value of its type."""
     if opt.type is bool:
-        return click.Option([opt.flag], is_flag=True, default=None, help=text)
-    return click.Option([opt.flag], type=opt.type, default=None, help=text)
+        return click.Option([opt.flag], is_flag=True, default=default, help=text)
+    return click.Option([opt.flag], type=opt.type, default=default, show_default=default is not None, help=text)
 
 
 def _explicit(ctx: click.Context, values: dict) -> dict:
@@ -304,13 +161,14 @@ def _flag(key: str) -> str:
     return Option(key, object, None, "").flag
 
 
-def command() -> click.Command:
-    params = _core_options() + _algo_options() + [
+def command(options: tuple[Option, ...] = RUN_OPTIONS) -> click.Command:
+    """``python -m mpifl.run``: a flag per run option (``options``), per method option, and the command's own."""
+    params = _core_options(options) + _algo_options() + [
         click.Option(["--config", "config_file"], type=str, default=None,
                      help="JSON or YAML file of options (keys as above, - or _); command-line flags override it"),
         click.Option(["--resume", "resume"], type=str, default=None,
                      help="continue RUN_DIR from its checkpoint, in that directory, up to --rounds, with its own "
-                          "config.json: only " + ", ".join(map(_flag, RESUMABLE)) + " may change (options "
+                          "config.json: only " + ", ".join(map(_flag, resumable(options))) + " may change (options "
                           "given again with the run's values are accepted; a real change is refused, named)"),
         click.Option(["--show-manifest"], is_flag=True, default=False,
                      help="print every tensor sent each way with shape, dtype and bytes per client and round, the "

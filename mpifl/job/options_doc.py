@@ -2,9 +2,10 @@
 
 :func:`options_markdown` walks the parameters of :func:`mpifl.job.cli.command` (core options, every method's own
 options, the command-level flags) and renders each as click's ``--help`` shows it: its flags and metavar, its
-help text, its default.  The options are grouped by topic; an option this module does not know lands in the
-methods' group when its help names the methods that take it (``[fedprox; default 0.01]``), else under "Other
-options", so a new option always appears.  Regenerate the page with::
+help text, its default.  A run option goes to its ``group``, groups and rows in the order of
+:data:`mpifl.plan.config.RUN_OPTIONS`, the command's own flags after the run options of theirs (:data:`COMMAND_FLAGS`);
+a method's option to the methods' group, as its help names the methods that take it (``[fedprox; default 0.01]``);
+any other under "Other options", so a new option always appears.  Regenerate the page with::
 
     python -m mpifl.job.options_doc > docs/options.md
 
@@ -20,6 +21,7 @@ import re
 import click
 
 from mpifl.job.cli import command
+from mpifl.plan.config import RUN_OPTIONS, Option
 
 REGENERATE = "python -m mpifl.job.options_doc > docs/options.md"
 
@@ -36,25 +38,10 @@ option has no effect and the run warns so. [The README](../README.md) shows the 
 [design.md](design.md), [faults.md](faults.md) and [methods.md](methods.md) explain what the options act on.
 """
 
-#: Core options by topic, in the order the page shows them; ``--help`` comes from click itself.
-GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Method, experiment and seed", ("--algo", "--preset", "--config", "--seed")),
-    ("Data and clients", ("--data", "--data-root", "--clients-per-domain", "--num-clients", "--fraction",
-                          "--dirichlet", "--samples-per-client", "--percent", "--holdout")),
-    ("Model, normalization and augmentation", ("--model", "--norm", "--norm-blocks", "--pretrained", "--input-norm",
-                                               "--aug", "--aug-draw", "--aug-stats", "--train-transforms")),
-    ("Local training", ("--rounds", "--local-epochs", "--batch-size", "--lr", "--momentum", "--weight-decay",
-                        "--optimizer", "--keep-optimizer", "--seg-loss", "--lr-schedule", "--lr-gamma", "--lr-step",
-                        "--lr-min", "--schedule-rounds", "--max-grad-norm")),
-    ("Evaluation", ("--eval-every", "--eval-batch-size", "--select-by")),
-    ("Devices, speed and memory", ("--device", "--threads", "--fold-threads", "--precision", "--channels-last",
-                                   "--compile", "--deterministic", "--gpu-buffers", "--stream-above",
-                                   "--private-memory")),
-    ("Run directory, checkpoints and failures", ("--out", "--ckpt-every", "--resume", "--round-timeout",
-                                                 "--peer-timeout")),
-    ("Live tracking", ("--track",)),
-    ("Information, then exit", ("--show-manifest", "--list-presets", "--version", "--help")),
-)
+#: The command's own flags, which are no run option: the group each joins, after that group's run options.
+INFO = "Information, then exit"
+COMMAND_FLAGS = {"--config": "Method, experiment and seed", "--resume": "Run directory, checkpoints and failures",
+                 "--show-manifest": INFO, "--version": INFO, "--list-presets": INFO, "--help": INFO}
 METHODS = "Options of the methods"
 OTHER = "Other options"
 
@@ -91,10 +78,10 @@ def _row(param: click.Parameter, ctx: click.Context) -> tuple[str, str, str] | N
     return flags, default, text
 
 
-def _group_of(param: click.Parameter, text: str) -> str:
-    for title, flags in GROUPS:
-        if any(flag in flags for flag in _long_flags(param)):
-            return title
+def _group_of(param: click.Parameter, text: str, groups: dict[str, str]) -> str:
+    for flag in _long_flags(param):
+        if flag in groups:
+            return groups[flag]
     return METHODS if _NAMES_METHODS.search(text) else OTHER
 
 
@@ -110,21 +97,22 @@ def _environment_defaults():
             os.environ["MPIFL_DATA_ROOT"] = saved
 
 
-def options_markdown() -> str:
-    """The whole page, ``docs/options.md``."""
+def options_markdown(options: tuple[Option, ...] = RUN_OPTIONS) -> str:
+    """The whole page, ``docs/options.md``, of the command with these run ``options``."""
     with _environment_defaults():
-        cmd = command()
+        cmd = command(options)
     ctx = click.Context(cmd, info_name="python -m mpifl.run", **cmd.context_settings)
     params = list(cmd.params)
     help_option = cmd.get_help_option(ctx)
     if help_option is not None:
         params.append(help_option)
+    groups = {**{o.flag: o.group for o in options}, **COMMAND_FLAGS}
     rows: dict[str, list[tuple[str, str, str]]] = {}
     for param in params:
         row = _row(param, ctx)
         if row is not None:
-            rows.setdefault(_group_of(param, row[2]), []).append(row)
-    order = [title for title, _ in GROUPS] + [METHODS, OTHER]
+            rows.setdefault(_group_of(param, row[2], groups), []).append(row)
+    order = [*dict.fromkeys(groups.values()), METHODS, OTHER]
     present = [title for title in order if title in rows]
     parts = [INTRO]
     if cmd.help:
@@ -136,9 +124,7 @@ def options_markdown() -> str:
 
 
 def _table(title: str, rows: list[tuple[str, str, str]]) -> str:
-    """A group of core options, in the order :data:`GROUPS` names them (others after, as the command has them)."""
-    known = dict(GROUPS).get(title, ())
-    rows = sorted(rows, key=lambda row: _position(row[0], known))
+    """A group of run options (and the command's own flags that join it)."""
     return (f"## {title}\n\n| option | default | meaning |\n| --- | --- | --- |\n"
             + "".join(f"| {_code(flags)} | {_code(default) if default else ''} | {_cell(text)} |\n"
                       for flags, default, text in rows))
@@ -156,14 +142,6 @@ def _split_methods(row: tuple[str, str, str]) -> tuple[str, str, str]:
     flags, _, text = row
     taken = _NAMES_METHODS.search(text)
     return flags, taken[0][1:-1], text[:taken.start()].rstrip()
-
-
-def _position(flags: str, known: tuple[str, ...]) -> int:
-    """Where a row of a known group goes: the place of its first flag in :data:`GROUPS`."""
-    for flag in re.findall(r"--[\w-]+", flags):
-        if flag in known:
-            return known.index(flag)
-    return len(known)
 
 
 def _anchor(title: str) -> str:

@@ -1,11 +1,12 @@
 """Run configuration: defaults < ``--config FILE`` < command line.
 
-:class:`RunConfig` holds the options every run has.  Options that belong to
-one method (``--mu``, ``--uniform-weights`` ...) are declared by the
-algorithm classes themselves as :class:`Option` and live in
-``RunConfig.algo_options``; an option left unset takes the default its
-algorithm declares.  The resolved configuration is written to the run
-directory as flat JSON, which ``--config`` reads back.
+:data:`RUN_OPTIONS` declares every option a run has, once, as an :class:`Option`: type, default, check, help line,
+group on the options page, whether a resume may change it, whether it names a result.  :data:`RunConfig`,
+:func:`check`, :data:`RESUMABLE`, ``--help`` and docs/options.md (:mod:`mpifl.job`) and the report's grouping of
+runs (:mod:`mpifl.report.runs`) derive from it.  A method's own options (``--mu``, ``--uniform-weights`` ...) are
+:class:`Option` too, declared by its algorithm class, and live in ``RunConfig.algo_options``; one left unset takes
+the default its algorithm declares.  The resolved configuration is written to the run directory as flat JSON,
+which ``--config`` reads back.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,15 +22,9 @@ from ..errors import MpiflError
 from ..models.norm import NORM_KINDS
 from .normalize import AUGMENTATIONS, DRAWS, INPUT_NORMS, STATS_SOURCES
 
-OPTIMIZERS = ("sgd", "adam")  # --optimizer (mpifl.plan.optim)
 SEG_LOSSES = ("dice", "dice-ce", "sigmoid-dice")  # --seg-loss (mpifl.plan.task.SEGMENTATION_BY_LOSS)
-LR_SCHEDULES = ("none", "cosine", "step", "exp")  # --lr-schedule (mpifl.plan.optim.round_lr)
 #: --train-transforms, in the order they apply (mpifl.client.transforms; FedBN: flip, then rotate)
 TRANSFORMS = ("flip", "rotate", "rot90-flip", "crop", "jitter", "jitter-hue")
-
-
-#: ``--track``: where rank 0 sends the run's records while it goes on (mpifl.server.tracking)
-TRACKERS = ("tensorboard", "mlflow", "wandb")
 
 
 def parse_names(text: str) -> tuple[str, ...]:
@@ -38,20 +33,26 @@ def parse_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip() and t.strip() != "none"))
 
 
-#: ``--select-by``: the rule choosing a run's best round (mpifl.server.run_log.summary_rows); auto = the method's
-SELECT_BY = ("auto", "val-mean", "local-val")
-
-
 @dataclass(frozen=True)
 class Option:
-    """A method-specific option, turned into a CLI flag and a config key."""
+    """An option, turned into a CLI flag and a config key: one every run has (:data:`RUN_OPTIONS`) or one of a
+    method's (its class's ``options``).  :meth:`problem` checks a value against its choices or its range."""
 
     name: str  # config key, e.g. "uniform_weights" -> --uniform-weights
     type: type
     default: Any
-    help: str
-    choices: tuple[str, ...] = ()  # the values a rule option takes (checked by Algorithm.check_options)
-    minimum: int | None = None  # a count's least value, 0 or 1 as its meaning needs (checked likewise)
+    help: str  # its line in --help (a run option's may name {methods}, {fresh_optimizer}, {datasets}, {models})
+    choices: tuple[str, ...] = ()  # the values a rule option takes
+    listed: bool = False  # it takes a comma list of its choices (parse_names)
+    minimum: float | None = None  # least value; a count's (type int, required) is 0 or 1 as its meaning needs
+    above: bool = False  # the value must exceed minimum (a rate: > 0)
+    maximum: float | None = None  # greatest value
+    unit: str = ""  # of its range, for the check's message ("GiB", "seconds")
+    zero: str = ""  # what 0 means, which is then taken whatever the minimum ("automatic", "never")
+    # Every run's options only; a method's keep these defaults: fixed on resume, part of what names a result
+    group: str = ""  # its group on the options page (mpifl.job.options_doc)
+    resumable: bool = False  # a resumed run may change it: how and where it runs, not what it computes
+    names_result: bool = True  # runs that differ in it are different configurations to the report (mpifl.report)
 
     def __post_init__(self):
         if self.type is int and self.minimum is None:
@@ -64,70 +65,211 @@ class Option:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not one this option takes (one line), or None."""
+        if self.listed:
+            if all(name in self.choices for name in parse_names(value)):
+                return None
+            return f"{self.flag} takes a comma list of {', '.join(self.choices)} (or none), got {value!r}"
         if self.choices and value not in self.choices:
             return f"{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
-        if self.minimum is not None and value is not None and value < self.minimum:
-            return f"{self.flag} must be >= {self.minimum}, got {value}"
-        return None
+        low, high = self.minimum, self.maximum
+        if low is None or value is None or (value == 0 and self.zero):
+            return None
+        if (value > low if self.above else value >= low) and (high is None or value <= high):
+            return None
+        if high is None:
+            bound = f"{'>' if self.above else '>='} {low}{' ' + self.unit if self.unit else ''}"
+        else:
+            bound = f"in {'(' if self.above else '['}{low}, {high}]"
+        return f"{self.flag} must be {bound}{f' (0 = {self.zero})' if self.zero else ''}, got {value}"
 
 
-@dataclass
-class RunConfig:
-    algo: str = "fedavg"
-    data: str = "styledigits"
-    data_root: str = "datasets"
-    model: str = "auto"
-    norm: str = "auto"  # auto: the method's own kind (Algorithm.norm)
-    norm_blocks: str = "auto"  # placement of composite norms (mpifl.models.surgery.place_composite_norms)
-    pretrained: str | None = None
-    rounds: int = 10
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    optimizer: str = "sgd"
-    seg_loss: str = "dice"
-    lr_schedule: str = "none"
-    lr_gamma: float = 0.1
-    lr_step: int = 1
-    lr_min: float = 0.0
-    schedule_rounds: int = 0  # 0: --rounds; build_config stores the value (see horizon)
-    max_grad_norm: float = 0.0
-    keep_optimizer: bool = False
-    clients_per_domain: int = 1
-    num_clients: int = 0
-    dirichlet: float = 0.0
-    samples_per_client: int = 0
-    percent: float = 1.0
-    fraction: float = 1.0
-    holdout: str | None = None
-    input_norm: str = "auto"  # build_config stores the mode it resolves to
-    aug: str = "none"
-    aug_draw: str = "batch"
-    aug_stats: str = "augmented"
-    train_transforms: str = "none"
-    seed: int = 0
-    eval_every: int = 1
-    select_by: str = "auto"  # best-round rule (SELECT_BY)
-    eval_batch_size: int = 512
-    stream_above: float = 2.0
-    private_memory: float = 8.0  # GiB of hosted clients' private state a client rank keeps in memory
-    out: str | None = None
-    device: str = "auto"
-    threads: int = 0
-    fold_threads: int = 0  # rank 0's threads for folding the uploads (mpifl.transport.topology.fold_threads)
-    precision: str = "fp32"
-    channels_last: bool = False
-    compile: bool = False
-    deterministic: bool = False  # deterministic CUDA kernels (mpifl.client.devices.deterministic_kernels)
-    gpu_buffers: str = "auto"
-    ckpt_every: int = 0
-    round_timeout: float = 0.0
-    peer_timeout: float = 60.0  # seconds of silence after which a peer is lost (mpifl.transport.liveness)
-    track: str = "none"  # live trackers, a comma list of TRACKERS (parse_names)
-    preset: str | None = None  # --preset NAME (mpifl.presets); kept in config.json for mpifl.report
-    algo_options: dict = field(default_factory=dict)
+def _group(title: str, *options: Option) -> tuple[Option, ...]:
+    """``options`` in the options page's group ``title``."""
+    return tuple(replace(option, group=title) for option in options)
+
+
+#: Every option a run has, by group, in the order of --help and of docs/options.md.  A new one is one entry here.
+RUN_OPTIONS: tuple[Option, ...] = (
+    *_group("Method, experiment and seed",
+        Option("algo", str, "fedavg", "federated method: {methods}"),
+        Option("preset", str, None, "one experiment of the papers (--list-presets): its dataset, model and "
+               "hyperparameters, at the level of a config file (--config and flags override it); --algo picks the "
+               "method"),
+        Option("seed", int, 0, "seed of everything random; results do not depend on the number of ranks",
+               minimum=0, names_result=False),
+    ),
+    *_group("Data and clients",
+        Option("data", str, "styledigits", "dataset name (shards under --data-root); styledigits is generated on first "
+               "use, others: {datasets}"),
+        Option("data_root", str, "datasets", "directory holding <data>/<domain>.h5 shards (env MPIFL_DATA_ROOT)",
+               resumable=True, names_result=False),
+        Option("clients_per_domain", int, 1, "clients per domain (K): 1 = cross-silo; K > 1 splits each domain into K "
+               "clients", minimum=1),
+        Option("num_clients", int, 0, "total clients N dealt over the domains in turn (FedWon's sweep; label skew with "
+               "--dirichlet); 0 = clients-per-domain x domains", minimum=0, zero="clients-per-domain x domains"),
+        Option("fraction", float, 1.0, "fraction C of clients sampled per round (at least one), seeded",
+               minimum=0, above=True, maximum=1),
+        Option("dirichlet", float, 0.0, "split each domain among its clients by class proportions drawn from "
+               "Dir(ALPHA) (label skew), the same proportions for train, val and test; 0 = even random split",
+               minimum=0, zero="even splits"),
+        Option("samples_per_client", int, 0, "keep a seeded subset of S training images per client (equal-size "
+               "training sets); 0 = all", minimum=0, zero="all"),
+        Option("percent", float, 1.0, "keep a seeded fraction P of each client's training images (FedBN's --percent; "
+               "its 10 Digits-Five partitions of 743 images: --percent 0.1 is about one, --samples-per-client 743 "
+               "exactly one)", minimum=0, above=True, maximum=1),
+        Option("holdout", str, None, "leave-one-domain-out: DOMAIN never trains and is evaluated on all its images "
+               "with the global model; 'all' runs every fold in turn into <out>/holdout-<domain> and writes a fold "
+               "table to <out>/summary.md"),
+    ),
+    *_group("Model, normalization and augmentation",
+        Option("model", str, "auto", "network (auto: the dataset's usual one, digitmodel for styledigits/digits, "
+               "resnet18 for PACS/Office-Home/VLCS, alexnet for Office-Caltech/DomainNet): {models}; each is built "
+               "with the normalization and conv kind its method asks for"),
+        Option("norm", str, "auto", "normalization layers: auto (the method's own: bn for most, perxan gperxan, jsbn "
+               "fedstein, agn fednn, none fedwon, gn/ln fedavg-gn/-ln), or one of bn, gn, ln, in, none, perxan, agn, "
+               "jsbn, ibn (IBN-Net's IBN-a: IN on half the channels, BN on the rest; DenseNet: IN on the last 40 %), "
+               "dson (DSON: learned mix of BN and IN statistics, every entry a BN side); a method whose rule needs its "
+               "own kind refuses the others", choices=("auto",) + NORM_KINDS),
+        Option("norm_blocks", str, "auto", "where perxan, ibn and dson layers go, plain shared BN elsewhere: auto (all "
+               "for perxan and dson, every stage but the last for ibn, at IBN-Net's sites per architecture: ResNet "
+               "block bn1, every third DenseNet norm1, MobileNetV2 each block's first norm, plain CNNs and U-Net every "
+               "conv norm; the stem stays BN), all, N (the stem and the first N stages) or N-nostem (those stages "
+               "without the stem); gperxan's --perxan-blocks is the same"),
+        Option("pretrained", str, None, "local torchvision-format checkpoint to initialise the model from (no "
+               "download); a classifier of another size is skipped; PerXAN models take BN weights on their BN side; "
+               "inputs are then normalized with ImageNet's mean and std (--input-norm auto)"),
+        Option("input_norm", str, "auto", "input normalization with --aug none: auto (the default: imagenet with "
+               "--pretrained, else pooled; config.json stores the mode it resolves to), pooled (mean/std over the "
+               "train images of every domain in the dataset build), domain (each domain's own train mean/std, a "
+               "held-out domain's too), fixed (the dataset's reference-code constants: 0.5/0.5 Digits-Five, 0/1 "
+               "Office-Caltech-10 and DomainNet-10, as FedBN's code; mean 0, std 1/255 on prostate, the unscaled "
+               "0..255 of FedFA's and HarmoFL's loaders) or imagenet (ImageNet mean/std, for pre-trained backbones)",
+               choices=INPUT_NORMS),
+        Option("aug", str, "none", "input normalization plug-in for any algorithm: none (dataset normalization), norm "
+               "(each client's own channel statistics), fedrdn (FedRDN: statistics drawn from all clients' in "
+               "training, own at test), fedrdn-v (all clients' average)", choices=AUGMENTATIONS),
+        Option("aug_draw", str, "batch", "FedRDN draws: batch (mean and std drawn independently per mini-batch, the "
+               "authors' code) or sample (one client's pair per image, the paper's eq. 7)", choices=DRAWS),
+        Option("aug_stats", str, "augmented", "images a client's own statistics (--aug norm/fedrdn/fedrdn-v) are "
+               "computed on: augmented (one pass through --train-transforms, as the authors' code computes them "
+               "through its training loader) or raw (the stored training images)", choices=STATS_SOURCES),
+        Option("train_transforms", str, "none", "training augmentations, in batch on the device before normalization, "
+               "per-image parameters from the client's seeded generator: comma list of flip, rotate (+-30 deg, nearest "
+               "pixel, FedBN), rot90-flip (k x 90 deg, k in 0..4, then p 0.75 a top-bottom, left-right or both flip: "
+               "HarmoFL's and FedFA's prostate loaders; square images), crop (pad size/8, reflect), jitter "
+               "(brightness/contrast/saturation 0.4), jitter-hue (p 0.5, brightness/contrast/saturation/hue 0.2, "
+               "gPerXAN), or none; on a segmentation task flip, rotate, rot90-flip and crop move each mask with its "
+               "image (rotation fills it with background 0, crop reflects it), colour jitters leave masks alone",
+               choices=TRANSFORMS, listed=True),
+    ),
+    *_group("Local training",
+        Option("rounds", int, 10, "communication rounds", minimum=1, resumable=True),
+        Option("local_epochs", int, 1, "local epochs per round (E)", minimum=1),
+        Option("batch_size", int, 32, "local mini-batch size (B)", minimum=1),
+        Option("lr", float, 0.01, "local learning rate (of round 1, before --lr-schedule)", minimum=0, above=True),
+        Option("momentum", float, 0.0, "local SGD momentum (--optimizer sgd; the buffers are fresh each round unless "
+               "--keep-optimizer)", minimum=0),
+        Option("weight_decay", float, 0.0, "local weight decay (an L2 term in the gradient)", minimum=0),
+        Option("optimizer", str, "sgd", "local optimizer: sgd, or adam (betas 0.9, 0.999; FedRDN's segmentation "
+               "setting: --lr 1e-3 --weight-decay 1e-4; --momentum is refused with it)", choices=("sgd", "adam")),
+        Option("keep_optimizer", bool, False, "keep each client's optimizer state (SGD momentum; Adam moments and "
+               "steps) from one of its rounds to its next, as gPerXAN's code and FixBN's paper do: private state, "
+               "checkpointed, never sent (default: a fresh optimizer each round; refused by the methods whose rule "
+               "assumes one: {fresh_optimizer})"),
+        Option("seg_loss", str, "dice", "training loss of a segmentation dataset, one for every method of a run: dice "
+               "(softmax over all classes, background included; FedRDN's paper), dice-ce, (CE + Dice) / 2 (the HarmoFL "
+               "and FedFA prostate code), or sigmoid-dice (ELCFS's code: a sigmoid head of the foreground classes "
+               "only, Dice averaged over them, no CE; a pixel is foreground above 0.75); the Dice score counts every "
+               "class whatever the loss; a classification dataset trains with cross-entropy", choices=SEG_LOSSES),
+        Option("lr_schedule", str, "none", "learning rate of round r = 1..R (R: --schedule-rounds): none (--lr), exp "
+               "(lr gamma^(r-1); FedNN: gamma 0.998), step (lr gamma^floor((r-1)/--lr-step)), or cosine (lr_min + (lr "
+               "- lr_min)(1 + cos(pi r/R))/2, gPerXAN's code: round R trains at --lr-min, later rounds too)",
+               choices=("none", "cosine", "step", "exp")),
+        Option("lr_gamma", float, 0.1, "decay factor of --lr-schedule exp and step", minimum=0, above=True),
+        Option("lr_step", int, 1, "rounds between two decays of --lr-schedule step", minimum=1),
+        Option("lr_min", float, 0.0, "learning rate --lr-schedule cosine reaches in round R"),
+        Option("schedule_rounds", int, 0, "R, the rounds that schedules over the run span (--lr-schedule cosine, "
+               "FixBN's default switch, FedNN's temperature); 0 = --rounds. Stored in config.json: a run resumed with "
+               "more --rounds keeps them (each schedule stays at its round-R value after R)",
+               minimum=0, zero="--rounds"),
+        Option("max_grad_norm", float, 0.0, "clip every local step's gradient to this L2 norm over all parameters, "
+               "after the method's corrections (FedNN's code: 10, for every method); 0 = off",
+               minimum=0, zero="no clipping"),
+    ),
+    *_group("Evaluation",
+        Option("eval_every", int, 1, "evaluate every N rounds (and after the last)", minimum=1),
+        Option("eval_batch_size", int, 512, "batch size for evaluation", minimum=1, resumable=True, names_result=False),
+        Option("select_by", str, "auto", "best round: val-mean (mean source-domain validation accuracy of the "
+               "evaluated model), local-val (clients' post-training local models' validation accuracy weighted by "
+               "training samples, gPerXAN's code; recorded as train.local_val_acc) or auto (the method's own: "
+               "local-val for gperxan, else val-mean); summary.csv's selection column names the rule",
+               choices=("auto", "val-mean", "local-val")),
+    ),
+    *_group("Devices, speed and memory",
+        Option("device", str, "auto", "auto (GPU when visible), cpu, or cuda; client ranks bind node-local GPUs "
+               "round-robin", choices=("auto", "cpu", "cuda"), resumable=True, names_result=False),
+        Option("threads", int, 0, "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
+               minimum=0, zero="automatic", resumable=True, names_result=False),
+        Option("fold_threads", int, 0, "cores rank 0 adds the clients' uploads into its sums on: itself and N-1 helper "
+               "processes, each a range of the elements (the sums are the same bits for any count); 0 = the cores rank "
+               "0 may run on less those its node's client ranks train on (their --threads), 1 to 8",
+               minimum=0, zero="automatic", resumable=True, names_result=False),
+        Option("precision", str, "fp32", "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast "
+               "(weights, gradients and aggregation stay fp32; fp16 scales the loss and unscales before the method's "
+               "gradient hooks); for GPUs: bf16 on a CPU is much slower than fp32", choices=("fp32", "bf16", "fp16")),
+        Option("channels_last", bool, False, "store conv weights and images NHWC (faster with tensor cores)",
+               names_result=False),
+        Option("compile", bool, False, "torch.compile each client rank's feature extractor (minutes of compiling once "
+               "per rank; pays off on GPUs over long runs)", names_result=False),
+        Option("deterministic", bool, False, "deterministic CUDA kernels (torch.use_deterministic_algorithms, a fixed "
+               "cuBLAS workspace, cuDNN without benchmarking, global average pooling as a mean): a GPU run then "
+               "repeats bit for bit, over any number of ranks, as CPU runs always do; a model needing a kernel with no "
+               "deterministic GPU version is refused in one line (cost measured: none visible on an H200, "
+               "docs/benchmarks.md)", resumable=True),
+        Option("gpu_buffers", str, "auto", "where a GPU rank's messages live: auto (on the GPU when the MPI library is "
+               "CUDA-aware, else pinned host memory; asked with MPIX_Query_cuda_support), pinned, or device (for a "
+               "CUDA-aware MPI that cannot say so: Cray MPICH, MVAPICH2-GDR; refused when the library says no)",
+               choices=("auto", "pinned", "device"), resumable=True, names_result=False),
+        Option("stream_above", float, 2.0, "a client whose images exceed this many GiB streams them from its shard in "
+               "blocks, read one block ahead, instead of keeping them in (device) memory",
+               minimum=0, unit="GiB", resumable=True, names_result=False),
+        Option("private_memory", float, 8.0, "GiB of its clients' private state a client rank keeps in (device) "
+               "memory; beyond it the least recently used clients' state goes to files under $TMPDIR until they train "
+               "again (results are identical; 0 keeps only the client in use); that state (personal entries, control "
+               "variates, kept optimizer state) is created when a client first trains",
+               minimum=0, unit="GiB", resumable=True, names_result=False),
+    ),
+    *_group("Run directory, checkpoints and failures",
+        Option("out", str, None, "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one "
+               "run: a directory holding a run's files or another run's directory, inside another run's, or in use by "
+               "a live run is refused (symbolic links and .. count where they lead)", names_result=False),
+        Option("ckpt_every", int, 0, "checkpoint every N rounds and after the last into <out>/checkpoint (0: only when "
+               "SIGUSR1, SIGTERM or a first Ctrl-C stops the run, which always checkpoints)",
+               minimum=0, zero="only when stopped by a signal", resumable=True, names_result=False),
+        Option("round_timeout", float, 0.0, "fail the job, with one line naming the rank, its pid and host, when a "
+               "rank has not answered for this many seconds (a hang); must exceed the longest round; 0 = wait forever",
+               minimum=0, unit="seconds", zero="wait forever", resumable=True, names_result=False),
+        Option("peer_timeout", float, 60.0, "end the job, with one line naming the rank and its host, when a rank "
+               "hears nothing from a peer for this many seconds: its node failed or is cut off the network (every rank "
+               "sends its peers a heartbeat each second, whatever it is doing, so a long round is not a silence; rank "
+               "0 watches the client ranks, which give rank 0 a quarter more); exit 69; 0 = never",
+               minimum=1, unit="second", zero="never", resumable=True, names_result=False),
+    ),
+    *_group("Live tracking",
+        Option("track", str, "none", "live trackers rank 0 sends the run to while it goes on, a comma list of "
+               "tensorboard (event files in <out>/tracking/tensorboard), mlflow (a run in MLFLOW_TRACKING_URI's store, "
+               "by default a SQLite store in <out>/tracking/mlflow) and wandb (a W&B run, offline in <out>/tracking "
+               "unless WANDB_MODE and WANDB_DIR say otherwise): every record of metrics.jsonl as it is written, the "
+               "options, and at the end the summaries and the report's tables and figures; each needs its extra (pip "
+               "install 'mpifl[mlflow]'); a resumed run continues the same tracker runs (the checkpoint names them); a "
+               "tracker that fails while the run goes on is dropped with one warning line; the numbers never depend on "
+               "it", choices=("tensorboard", "mlflow", "wandb"), listed=True, resumable=True, names_result=False),
+    ),
+)
+
+
+class _Configuration:
+    """What a run's configuration does besides holding its options (:func:`run_config` adds them as fields)."""
 
     @property
     def horizon(self) -> int:
@@ -145,16 +287,27 @@ class RunConfig:
         return flat
 
 
-#: What a resumed run (``--resume RUN_DIR``) may change: how and where it runs, not what it computes.  Every other
-#: option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the command
-#: line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these.
-RESUMABLE = ("rounds", "data_root", "device", "threads", "fold_threads", "eval_batch_size", "stream_above",
-             "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "gpu_buffers", "deterministic", "track")
+def run_config(options: tuple[Option, ...]) -> type:
+    """The dataclass of a run's configuration: a field per option (its name, type and default), in order, then
+    ``algo_options``, the chosen method's own options by name."""
+    fields = [(o.name, o.type, field(default=o.default)) for o in options]
+    return dataclasses.make_dataclass("RunConfig", fields + [("algo_options", dict, field(default_factory=dict))],
+                                      bases=(_Configuration,), namespace={"__module__": __name__})
 
 
+RunConfig = run_config(RUN_OPTIONS)
+
+
+def resumable(options: tuple[Option, ...]) -> tuple[str, ...]:
+    """What a resumed run (``--resume RUN_DIR``) may change: how and where it runs, not what it computes.  Every
+    other option, method options included, is the run's identity (:func:`mpifl.rundir.checkpoint.identity`): the
+    command line refuses a change to it, the checkpoint records it, and ``--resume``'s help lists these."""
+    return tuple(o.name for o in options if o.resumable)
+
+
+RESUMABLE = resumable(RUN_OPTIONS)
 #: The type of each option every run has (one that defaults to None takes a string)
-CORE_TYPES = {f.name: (str if f.default is None else type(f.default))
-              for f in dataclasses.fields(RunConfig) if f.name != "algo_options"}
+CORE_TYPES = {o.name: o.type for o in RUN_OPTIONS}
 CORE_KEYS = tuple(CORE_TYPES)
 
 
@@ -267,59 +420,22 @@ def check_acting(cfg: RunConfig, given: Mapping[str, Any]) -> None:
                              f"drop {flag}")
 
 
-def check(cfg: RunConfig) -> None:
-    """Value ranges that every run must satisfy (one-line errors)."""
+def check(cfg: RunConfig, options: tuple[Option, ...] = RUN_OPTIONS) -> None:
+    """Values that every run must take (one-line errors): each option's own (:meth:`Option.problem`), then those
+    that join several options."""
+    for option in options:
+        problem = option.problem(getattr(cfg, option.name))
+        if problem:
+            raise MpiflError(problem)
     rules = [
-        (cfg.norm in ("auto",) + NORM_KINDS, f"--norm must be auto or one of {', '.join(NORM_KINDS)}"),
-        (cfg.rounds >= 1, "--rounds must be >= 1"),
-        (cfg.local_epochs >= 1, "--local-epochs must be >= 1"),
-        (cfg.batch_size >= 1, "--batch-size must be >= 1"),
-        (cfg.eval_batch_size >= 1, "--eval-batch-size must be >= 1"),
-        (cfg.stream_above >= 0, "--stream-above must be >= 0 GiB"),
-        (cfg.private_memory >= 0, "--private-memory must be >= 0 GiB"),
-        (cfg.lr > 0, "--lr must be > 0"),
-        (cfg.momentum >= 0, "--momentum must be >= 0"),
-        (cfg.weight_decay >= 0, "--weight-decay must be >= 0"),
-        (cfg.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}"),
-        (cfg.seg_loss in SEG_LOSSES, f"--seg-loss must be one of {', '.join(SEG_LOSSES)}"),
         (not (cfg.optimizer == "adam" and cfg.momentum), "--momentum applies to --optimizer sgd only; drop it "
                                                           "with --optimizer adam"),
         (not (cfg.keep_optimizer and cfg.optimizer == "sgd" and not cfg.momentum),
          "--keep-optimizer keeps SGD momentum buffers and --momentum is 0; give --momentum or drop --keep-optimizer"),
-        (cfg.lr_schedule in LR_SCHEDULES, f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}"),
-        (cfg.lr_gamma > 0, "--lr-gamma must be > 0"),
-        (cfg.lr_step >= 1, "--lr-step must be >= 1"),
         (0 <= cfg.lr_min <= cfg.lr, "--lr-min must be in [0, --lr]"),
-        (cfg.schedule_rounds >= 0, "--schedule-rounds must be >= 0 (0 = --rounds)"),
-        (cfg.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0 = no clipping)"),
-        (cfg.clients_per_domain >= 1, "--clients-per-domain must be >= 1"),
-        (cfg.num_clients >= 0, "--num-clients must be >= 0 (0 = clients-per-domain x domains)"),
         (not (cfg.num_clients and cfg.clients_per_domain > 1),
          "give either --num-clients or --clients-per-domain, not both"),
-        (cfg.dirichlet >= 0, "--dirichlet must be > 0 (or 0 for even splits)"),
-        (cfg.samples_per_client >= 0, "--samples-per-client must be >= 0 (0 = all)"),
-        (0 < cfg.percent <= 1, "--percent must be in (0, 1]"),
         (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
-        (0 < cfg.fraction <= 1, "--fraction must be in (0, 1]"),
-        (cfg.eval_every >= 1, "--eval-every must be >= 1"),
-        (cfg.seed >= 0, "--seed must be >= 0"),
-        (cfg.select_by in SELECT_BY, f"--select-by must be one of {', '.join(SELECT_BY)}"),
-        (cfg.threads >= 0, "--threads must be >= 0 (0 = automatic)"),
-        (cfg.fold_threads >= 0, "--fold-threads must be >= 0 (0 = automatic)"),
-        (cfg.ckpt_every >= 0, "--ckpt-every must be >= 0 (0 = only when stopped by a signal)"),
-        (cfg.round_timeout >= 0, "--round-timeout must be >= 0 seconds (0 = wait forever)"),
-        (cfg.peer_timeout == 0 or cfg.peer_timeout >= 1, "--peer-timeout must be at least 1 second (0 = never)"),
-        (cfg.device in ("auto", "cpu", "cuda"), "--device must be auto, cpu or cuda"),
-        (cfg.precision in ("fp32", "bf16", "fp16"), "--precision must be fp32, bf16 or fp16"),
-        (cfg.gpu_buffers in ("auto", "pinned", "device"), "--gpu-buffers must be auto, pinned or device"),
-        (cfg.input_norm in INPUT_NORMS, f"--input-norm must be one of {', '.join(INPUT_NORMS)}"),
-        (cfg.aug in AUGMENTATIONS, f"--aug must be one of {', '.join(AUGMENTATIONS)}"),
-        (all(t in TRANSFORMS for t in parse_names(cfg.train_transforms)),
-         f"--train-transforms takes a comma list of {', '.join(TRANSFORMS)} (or none)"),
-        (cfg.aug_draw in DRAWS, f"--aug-draw must be one of {', '.join(DRAWS)}"),
-        (cfg.aug_stats in STATS_SOURCES, f"--aug-stats must be one of {', '.join(STATS_SOURCES)}"),
-        (all(t in TRACKERS for t in parse_names(cfg.track)),
-         f"--track takes a comma list of {', '.join(TRACKERS)} (or none)"),
     ]
     for ok, message in rules:
         if not ok:

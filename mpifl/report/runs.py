@@ -1,12 +1,9 @@
 """Run directories as data: find them, read ``config.json`` and ``metrics.jsonl``, group them by configuration.
 
-Runs that differ only in the seed (and in how they ran: output directory,
-device, threads, data root, evaluation batch size, streaming threshold,
-checkpoint interval, timeout, ``--compile``, ``--channels-last``, ``--track``) are one
-*configuration*; the report averages
-their numbers.  Leave-one-domain-out folds (``--holdout all`` writes
-``<out>/holdout-<domain>/``) that share everything else are one
-configuration too: each fold contributes the accuracy of its held-out domain.
+Runs that differ only in options that name no result (the seed, and how they ran: devices, threads, output
+directory, checkpoints ...: the run options declared with ``names_result=False``) are one *configuration*; the
+report averages their numbers.  Leave-one-domain-out folds (``--holdout all`` writes ``<out>/holdout-<domain>/``)
+that share everything else are one configuration too: each fold contributes the accuracy of its held-out domain.
 
 A run is *complete* when its last record is the evaluated final round of its configuration (``rounds``
 of its ``config.json``, which a resumed run updates); one killed, stopped or still running is not, and the
@@ -21,14 +18,17 @@ from functools import cached_property
 from pathlib import Path
 
 from mpifl.errors import MpiflError
-from mpifl.plan.config import CORE_TYPES, coerce
+from mpifl.plan.config import CORE_TYPES, RUN_OPTIONS, Option, coerce
 from mpifl.rundir.names import CONFIG, METRICS
 from mpifl.server.run_log import metric_of, read_records, selection_of, summary_rows
 
-#: config keys that do not change what a run computes: ignored when grouping runs into configurations
-IGNORED_KEYS = ("seed", "out", "device", "threads", "fold_threads", "data_root", "eval_batch_size", "stream_above",
-                "private_memory", "ckpt_every", "round_timeout", "peer_timeout", "compile", "channels_last",
-                "gpu_buffers", "track")
+
+def ignored_keys(options: tuple[Option, ...]) -> tuple[str, ...]:
+    """The config keys of the options that name no result: ignored when grouping runs into configurations."""
+    return tuple(o.name for o in options if not o.names_result)
+
+
+IGNORED_KEYS = ignored_keys(RUN_OPTIONS)
 
 
 @dataclass
@@ -159,10 +159,10 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     return runs
 
 
-def group_key(config: dict) -> str:
-    """What makes runs one configuration: the config minus :data:`IGNORED_KEYS` (and the held-out domain:
-    the folds of one leave-one-domain-out experiment are one configuration)."""
-    kept = {k: v for k, v in config.items() if k not in IGNORED_KEYS and k != "holdout"}
+def group_key(config: dict, ignored: tuple[str, ...] = IGNORED_KEYS) -> str:
+    """What makes runs one configuration: the config minus the ``ignored`` keys (and the held-out domain: the
+    folds of one leave-one-domain-out experiment are one configuration)."""
+    kept = {k: v for k, v in config.items() if k not in ignored and k != "holdout"}
     kept["leave_one_domain_out"] = config.get("holdout") is not None
     return json.dumps(kept, sort_keys=True, default=str)
 

@@ -121,7 +121,7 @@ def _labels(configs: list[dict]) -> list[str]:
     for config in configs:
         same_algo = [c for c in configs if c.get("algo") == config.get("algo")]
         keys = sorted({k for c in same_algo for k in {**c, **config}
-                       if k not in IGNORED_KEYS and k not in ("algo", "holdout") and c.get(k) != config.get(k)})
+                       if k not in IGNORED_KEYS and k != "holdout" and c.get(k) != config.get(k)})
         extra = ", ".join(f"{k}={config.get(k)}" for k in keys)
         out.append(f"{config.get('algo')}" + (f" ({extra})" if extra else ""))
     return out

@@ -115,7 +115,7 @@ def test_gperxan_ablation_runs_two_rounds_in_process(data_root, tmp_path, norm):
 def test_cli_refuses_an_unknown_norm_and_a_method_that_cannot_take_it_in_one_line(data_root, tmp_path):
     job = run_here(*_args(data_root, tmp_path / "a", "--norm", "xn"))
     assert job.returncode != 0 and len(job.stderr.strip().splitlines()) == 1
-    assert "--norm must be auto or one of bn, gn, ln, in, none, perxan, agn, jsbn, ibn, dson" in job.stderr
+    assert "--norm must be one of auto, bn, gn, ln, in, none, perxan, agn, jsbn, ibn, dson, got 'xn'" in job.stderr
     job = run_here(*_args(data_root, tmp_path / "b", "--algo", "fedwon", "--norm", "bn"))
     assert job.returncode != 0 and len(job.stderr.strip().splitlines()) == 1
     assert "--norm bn: fedwon removes every normalization layer" in job.stderr

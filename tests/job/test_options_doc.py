@@ -44,8 +44,8 @@ def test_every_option_of_the_command_is_on_the_page_once():
 
 
 def test_an_option_the_page_does_not_know_still_appears_in_a_group(monkeypatch):
-    def extended():
-        cmd = command()
+    def extended(options):
+        cmd = command(options)
         cmd.params += [click.Option(["--brand-new"], type=int, default=3, show_default=True, help="a core option"),
                        click.Option(["--probe-weight"], type=float, default=None,
                                     help="Probe: a method's option [probe; default 0.5]")]

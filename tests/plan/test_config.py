@@ -4,7 +4,8 @@ import json
 import pytest
 
 from mpifl.algorithms import all_options
-from mpifl.plan.config import Option, RunConfig, check, read_config_file, resolve
+from mpifl.plan.config import (CORE_KEYS, RESUMABLE, RUN_OPTIONS, Option, RunConfig, check, read_config_file, resolve,
+                               resumable, run_config)
 from mpifl.errors import MpiflError
 
 from ..conftest import run_here
@@ -52,6 +53,48 @@ def test_range_checks():
     with pytest.raises(MpiflError, match="either --num-clients or --clients-per-domain"):
         check(RunConfig(num_clients=10, clients_per_domain=2))
     check(RunConfig())
+
+
+def test_one_entry_of_the_table_is_a_whole_run_option():
+    """Issue 49: a run option is one entry of RUN_OPTIONS.  Added to a table, that entry alone gives the run's field,
+    its check, its --help line and flag (a bool one a flag without value), its row in its group of the options page,
+    its resume rule and its part in the report's grouping of runs."""
+    import click
+
+    from mpifl.job.cli import command
+    from mpifl.job.options_doc import options_markdown
+    from mpifl.report.runs import group_key, ignored_keys
+
+    depth = Option("probe_depth", int, 3, "probe: how deep it looks", minimum=1, group="Evaluation",
+                   resumable=True, names_result=False)
+    quick = Option("probe_quick", bool, False, "probe: whether it looks quickly", group="Evaluation")
+    table = RUN_OPTIONS + (depth, quick)
+    assert "probe_depth" not in CORE_KEYS and "probe_depth" not in RESUMABLE  # the real table is left alone
+
+    config = run_config(table)
+    assert (config().probe_depth, config().probe_quick) == (3, False)
+    with pytest.raises(MpiflError, match=r"^--probe-depth must be >= 1, got 0$"):
+        check(config(probe_depth=0), table)
+    check(config(probe_depth=2, probe_quick=True), table)
+
+    cmd = command(table)
+    shown = " ".join(cmd.get_help(click.Context(cmd, info_name="mpifl.run", **cmd.context_settings)).split())
+    assert "--probe-depth INTEGER probe: how deep it looks [default: 3]" in shown
+    assert "--probe-quick probe: whether it looks quickly" in shown
+    given = cmd.make_context("mpifl.run", ["--probe-depth", "5", "--probe-quick"]).params
+    assert (given["probe_depth"], given["probe_quick"]) == (5, True)
+
+    evaluation = options_markdown(table).split("\n## Evaluation\n", 1)[1].split("\n## ", 1)[0]
+    assert "| `--probe-depth INTEGER` | `3` | probe: how deep it looks |" in evaluation
+    assert "| `--probe-quick` |  | probe: whether it looks quickly |" in evaluation
+
+    assert "probe_depth" in resumable(table) and "probe_quick" not in resumable(table)
+    resume = next(p for p in cmd.params if p.name == "resume")
+    assert "--probe-depth" in resume.help and "--probe-quick" not in resume.help
+
+    ignored = ignored_keys(table)
+    runs = [{"algo": "fedavg", "probe_depth": d, "probe_quick": q} for d, q in ((2, False), (5, False), (2, True))]
+    assert group_key(runs[0], ignored) == group_key(runs[1], ignored) != group_key(runs[2], ignored)
 
 
 def test_flat_round_trip():

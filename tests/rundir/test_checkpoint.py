@@ -133,7 +133,8 @@ def test_resume_refuses_a_real_change_naming_it_and_changes_nothing(checkpointed
     before = snapshot(run)
     job = run_here("--resume", str(run), *extra)
     assert job.returncode == 2
-    one_error(job, "this command changes " + named, "only --rounds, --data-root")
+    may_change = ", ".join("--" + key.replace("_", "-") for key in RESUMABLE)
+    one_error(job, "this command changes " + named, f"(only {may_change} may change)")
     assert snapshot(run) == before
 
 
