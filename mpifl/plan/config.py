@@ -210,9 +210,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
                "round-robin", choices=("auto", "cpu", "cuda"), resumable=True, names_result=False),
         Option("threads", int, 0, "torch threads per client rank; 0 = cores on the node / client ranks sharing them",
                minimum=0, zero="automatic", resumable=True, names_result=False),
-        Option("fold_threads", int, 0, "cores rank 0 adds the clients' uploads into its sums on: itself and N-1 helper "
-               "processes, each a range of the elements (the sums are the same bits for any count); 0 = the cores rank "
-               "0 may run on less those its node's client ranks train on (their --threads), 1 to 8",
+        Option("fold_threads", int, 0, "threads rank 0 adds the clients' uploads into its sums on, each a range of the "
+               "elements (the same bits for any count; mpifl.server.folding); 0 = the cores rank 0 may run on less "
+               "those its node's client ranks train on (their --threads), 1 to 8",
                minimum=0, zero="automatic", resumable=True, names_result=False),
         Option("precision", str, "fp32", "arithmetic of local training and evaluation: fp32, or bf16/fp16 autocast "
                "(weights, gradients and aggregation stay fp32; fp16 scales the loss and unscales before the method's "
