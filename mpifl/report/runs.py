@@ -20,7 +20,8 @@ from pathlib import Path
 from mpifl.errors import MpiflError
 from mpifl.plan.config import CORE_TYPES, RUN_OPTIONS, Option, coerce
 from mpifl.rundir.names import CONFIG, METRICS
-from mpifl.server.run_log import metric_of, read_records, selection_of, summary_rows
+from mpifl.algorithms import get_algorithm
+from mpifl.server.run_log import metric_of, read_records, summary_rows
 
 
 def ignored_keys(options: tuple[Option, ...]) -> tuple[str, ...]:
@@ -87,6 +88,11 @@ class Run:
         return metric_of(self.records)
 
     @property
+    def selection(self) -> str:
+        """The best-round rule the run used (a run from before ``--select-by``: ``val-mean``)."""
+        return get_algorithm(self.config["algo"]).selection_for(self.config.get("select_by", "val-mean"))
+
+    @property
     def source_domains(self) -> list[str]:
         return [d for d in self.domains if d != self.holdout]
 
@@ -99,7 +105,7 @@ class Run:
         out: dict[str, dict[str, dict]] = {}
         metric = self.metric
         for row in summary_rows(self.records, self.kinds, self.source_domains, self.holdout,
-                                selection_of(self.config), metric):
+                                self.selection, metric):
             domain = row["domain"].removesuffix(" (held out)")
             out.setdefault(row["model"], {})[domain] = {
                 "last": row[f"last_test_{metric}"], "best": row[f"best_test_{metric}"],

@@ -64,15 +64,6 @@ def local_val_acc(meta: np.ndarray) -> float:
     return float(np.sum(weights * meta["val_correct"][has] / meta["val_seen"][has]) / weights.sum())
 
 
-def selection_of(config: dict) -> str:
-    """The best-round rule a run's ``config.json`` used (``select_by``; ``auto``: its method's own)."""
-    rule = config.get("select_by", "val-mean")
-    if rule == "auto":
-        from ..algorithms import get_algorithm
-        rule = get_algorithm(config["algo"]).selects_by
-    return rule
-
-
 def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of: dict[int, str],
                    domains: list[str], source_domains: list[str], metric: str = "acc") -> dict:
     """Per-client, per-domain and mean score/loss from (kind, split, [loss, score sum, count]) arrays; the score

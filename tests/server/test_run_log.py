@@ -7,7 +7,7 @@ import pytest
 
 from mpifl.errors import MpiflError
 from mpifl.rundir.rundir import RunDir
-from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, read_records, selection_of,
+from mpifl.server.run_log import (MetricsLog, fold_summary, local_val_acc, metric_of, read_records,
                                   summarize_eval, summary_rows)
 from mpifl.transport.messages import CLIENT_META
 
@@ -60,12 +60,6 @@ def test_local_val_selection_takes_the_round_of_best_post_training_local_accurac
     with pytest.raises(MpiflError, match="no train.local_val_acc"):
         summary_rows(records, ("global",), ["a"], selection="local-val")
 
-
-def test_selection_of_a_run_resolves_auto_to_its_methods_rule():
-    assert selection_of({"algo": "gperxan", "select_by": "auto"}) == "local-val"
-    assert selection_of({"algo": "fedavg", "select_by": "auto"}) == "val-mean"
-    assert selection_of({"algo": "gperxan", "select_by": "val-mean"}) == "val-mean"
-    assert selection_of({"algo": "gperxan"}) == "val-mean"  # a run from before --select-by
 
 
 def test_log_holds_a_round_until_its_evaluation_and_writes_summaries(tmp_path):

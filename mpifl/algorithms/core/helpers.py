@@ -105,8 +105,14 @@ class AlgorithmHelpers:
     # ------------------------------------------------------------------ evaluation
     @property
     def selection(self) -> str:
-        """The run's best-round rule: ``--select-by``, or the method's :attr:`selects_by` under ``auto``."""
-        return self.selects_by if self.cfg.select_by == "auto" else self.cfg.select_by
+        """The run's best-round rule (:meth:`selection_for` its ``--select-by``)."""
+        return self.selection_for(self.cfg.select_by)
+
+    @classmethod
+    def selection_for(cls, select_by: str) -> str:
+        """The best-round rule of a run with ``--select-by`` ``select_by``: itself, or :attr:`selects_by` under
+        ``auto`` (a finished run's too, read from its config.json)."""
+        return cls.selects_by if select_by == "auto" else select_by
 
     # ------------------------------------------------------------------ one-time set-up
     @classmethod

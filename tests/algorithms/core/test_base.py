@@ -95,3 +95,9 @@ def test_methods_whose_rule_needs_classes_refuse_a_segmentation_task_in_one_line
     fedbn, _ = make_algo("fedbn")
     fedbn.bind_task(SEGMENTATION)
     assert fedbn.task is SEGMENTATION
+
+
+def test_a_runs_selection_resolves_auto_to_its_methods_rule():
+    assert get_algorithm("gperxan").selection_for("auto") == "local-val"
+    assert get_algorithm("fedavg").selection_for("auto") == "val-mean"
+    assert get_algorithm("gperxan").selection_for("val-mean") == "val-mean"
