@@ -113,7 +113,7 @@ class CCST(FedAvg):
                "training client, authors' runs)", minimum=0),
         Option("ccst_styles", int, 0, "CCST: single-image styles each client shares (0: the smallest training "
                "client's image count)", minimum=0),
-        Option("ccst_alpha", float, 1.0, "CCST: AdaIN's stylization weight alpha in [0, 1]"),
+        Option("ccst_alpha", float, 1.0, "CCST: AdaIN's stylization weight alpha in [0, 1]", minimum=0, maximum=1),
     )
 
     def __init__(self, cfg, entries):
@@ -123,8 +123,7 @@ class CCST(FedAvg):
             (folder, "ccst stylizes with the AdaIN network, whose weights cannot be downloaded here: give "
              f"--style-model DIR, a folder holding {ENCODER_FILE} and {DECODER_FILE}"),
             (not folder or all((Path(folder) / f).is_file() for f in (ENCODER_FILE, DECODER_FILE)),
-             f"--style-model {folder}: {ENCODER_FILE} and {DECODER_FILE} must both be in that folder"),
-            (0 <= cfg.opt("ccst_alpha") <= 1, "--ccst-alpha must be in [0, 1]")]
+             f"--style-model {folder}: {ENCODER_FILE} and {DECODER_FILE} must both be in that folder")]
         for ok, message in problems:
             if not ok:
                 raise MpiflError(message)

@@ -92,13 +92,11 @@ class COPA(FedAvg):
         Option("copa_ensemble", str, "prob", "COPA: how the global model combines the N heads: prob (mean of "
                "softmax probabilities) or logit (mean of logits)", choices=ENSEMBLES),
         Option("copa_frozen_weight", float, 1.0, "COPA: weight lambda of the cross-entropy through the other "
-               "clients' frozen heads in the local objective"),
+               "clients' frozen heads in the local objective", minimum=0),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if cfg.opt("copa_frozen_weight") < 0:
-            raise MpiflError(f"--copa-frozen-weight must be >= 0, got {cfg.opt('copa_frozen_weight')}")
         self.head = {e.attr: e for e in entries if e.is_head}
         if set(self.head) - {"bias"} != {"weight"} or len(self.head["weight"].shape) != 2:
             raise MpiflError("copa needs a model whose classifier is one linear layer (model.classifier)")

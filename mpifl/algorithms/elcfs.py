@@ -144,31 +144,26 @@ class ELCFS(FedAvg):
         Option("elcfs_bank", int, 0, "ELCFS: amplitude spectra each client shares (0: an eighth of the smallest "
                "training client's images, as the authors' code keeps an eighth)", minimum=0),
         Option("elcfs_band", float, 0.0, "ELCFS: low-frequency band ratio r, b = floor(min(H, W) r) (0: the "
-               "zero frequency alone, authors' code)"),
+               "zero frequency alone, authors' code)", minimum=0, maximum=0.5),
         Option("elcfs_lambda", str, "one", "ELCFS: interpolation weight: one (the band becomes the other "
                "client's, authors' code) or uniform (U[0, 1] per image, a continuous interpolation; the authors' "
                "commented-out line draws lambda in {0, 0.1, ..., 0.9}; the paper's draw unchecked)", choices=LAMBDAS),
-        Option("elcfs_inner_lr", float, 1e-3, "ELCFS: inner (meta-train) step size beta"),
-        Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]"),
+        Option("elcfs_inner_lr", float, 1e-3, "ELCFS: inner (meta-train) step size beta", minimum=0),
+        Option("elcfs_clip", float, 100.0, "ELCFS: clamp of every inner gradient to [-clip, clip]",
+               minimum=0, above=True),
         Option("elcfs_order", str, "first", "ELCFS: meta-gradient: first (inner gradient a constant, authors' "
                "code) or second (through the inner step)", choices=ORDERS),
         Option("elcfs_boundary_weight", float, 0.1, "ELCFS: weight gamma of the boundary-oriented loss on a "
-               "segmentation task (authors' code: 0.1; 0: off)"),
-        Option("elcfs_temperature", float, 0.05, "ELCFS: temperature of the boundary-oriented NT-Xent loss"),
+               "segmentation task (authors' code: 0.1; 0: off)", minimum=0),
+        Option("elcfs_temperature", float, 0.05, "ELCFS: temperature of the boundary-oriented NT-Xent loss",
+               minimum=0, above=True),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        problems = [(0 <= cfg.opt("elcfs_band") <= 0.5, "--elcfs-band must be in [0, 0.5]"),
-                    (cfg.opt("elcfs_inner_lr") >= 0, "--elcfs-inner-lr must be >= 0"),
-                    (cfg.opt("elcfs_clip") > 0, "--elcfs-clip must be > 0"),
-                    (cfg.opt("elcfs_boundary_weight") >= 0, "--elcfs-boundary-weight must be >= 0"),
-                    (cfg.opt("elcfs_temperature") > 0, "--elcfs-temperature must be > 0"),
-                    (cfg.aug != "fedrdn", "--aug fedrdn draws a normalization per mini-batch, which ELCFS cannot "
-                     "undo to reach the pixels; use another --aug")]
-        for ok, message in problems:
-            if not ok:
-                raise MpiflError(message)
+        if cfg.aug == "fedrdn":
+            raise MpiflError("--aug fedrdn draws a normalization per mini-batch, which ELCFS cannot undo to reach the "
+                             "pixels; use another --aug")
         self.bank_size = cfg.opt("elcfs_bank")
         self._spec: TensorSpec | None = None
         self._amplitudes: torch.Tensor | None = None  # (N_train, N, C, H, W // 2 + 1)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..plan.config import Option
 from .core.options import SERVER_LR
-from .core.server_opt import ServerOptimizer, check_decay
+from .core.server_opt import ServerOptimizer
 from .fedavg import FedAvg
 
 
@@ -33,13 +33,10 @@ class FedAvgM(ServerOptimizer, FedAvg):
     name = "fedavgm"
     summary = "FedAvgM: FedAvg with server momentum on the averaged update"
     options = FedAvg.options + (
-        Option("server_momentum", float, 0.9, "server momentum beta: v <- beta v + Delta, x <- x - server_lr v"),
+        Option("server_momentum", float, 0.9, "server momentum beta: v <- beta v + Delta, x <- x - server_lr v",
+               minimum=0, maximum=1, below=True),
         SERVER_LR)
     slots = ("momentum",)
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        check_decay(cfg, "server_momentum")
 
     def server_step(self, x, combined, state):
         v = self.cfg.opt("server_momentum") * state["momentum"] + (x - combined)  # Hsu's Delta = x - mean

@@ -89,7 +89,7 @@ class FedDGGA(Algorithm):
     reductions_need_results = True  # the weights move with the round's gathered scores (prepare)
     options = (
         Option("ga_step", float, 0.2, "FedDG-GA step size d of the weight adjustment (decays linearly over "
-               "--schedule-rounds)"),
+               "--schedule-rounds)", minimum=0),
         Option("ga_metric", str, "acc", "FedDG-GA gap score on the client's val split: acc (authors' code "
                "default) or loss (the paper's)", choices=METRICS),
         Option("ga_rule", str, "code", "FedDG-GA rule: code (gaps not centred, step d (1 - (q - 2)/R)/N) or "
@@ -98,8 +98,6 @@ class FedDGGA(Algorithm):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if not cfg.opt("ga_step") >= 0:
-            raise MpiflError(f"--ga-step must be >= 0, got {cfg.opt('ga_step')}")
         self.metric = cfg.opt("ga_metric")
         self.paper = cfg.opt("ga_rule") == "paper"
         self.num_clients = 0

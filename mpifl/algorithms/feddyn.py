@@ -89,17 +89,13 @@ class FedDyn(FedAvg):
         Option("feddyn_alpha", str, "client", "FedDyn: alpha per client, alpha * mean n / n_k (client, authors' "
                "code) or one alpha (global, paper)", choices=ALPHA_RULES),
         Option("feddyn_max_grad_norm", float, 10.0, "FedDyn: clip of the authors' code, L2 norm of the loss and "
-               "linear-term gradient before the quadratic's (0 = off)"),
+               "linear-term gradient before the quadratic's (0 = off)", minimum=0, zero="off"),
     )
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        problems = [(cfg.opt("alpha") > 0, f"--alpha must be > 0 for feddyn (theta = mean - h/alpha), "
-                                           f"got {cfg.opt('alpha')}"),
-                    (cfg.opt("feddyn_max_grad_norm") >= 0, "--feddyn-max-grad-norm must be >= 0 (0 = off)")]
-        for ok, message in problems:
-            if not ok:
-                raise MpiflError(message)
+        if not cfg.opt("alpha") > 0:
+            raise MpiflError(f"--alpha must be > 0 for feddyn (theta = mean - h/alpha), got {cfg.opt('alpha')}")
         self.alpha = cfg.opt("alpha")
         self.clip = cfg.opt("feddyn_max_grad_norm")
         self.params = trainable_keys(self)

@@ -90,8 +90,10 @@ class FedFA(FedAvg):
     name = "fedfa"
     summary = "FedFA: FedAvg with feature-statistics augmentation layers, variances shared through the server"
     options = FedAvg.options + (
-        Option("fedfa_p", float, FEDFA_P, "FedFA: probability an FFA layer augments a mini-batch"),
-        Option("fedfa_momentum", float, FEDFA_MOMENTUM, "FedFA: momentum of the clients' running statistics"),
+        Option("fedfa_p", float, FEDFA_P, "FedFA: probability an FFA layer augments a mini-batch",
+               minimum=0, maximum=1),
+        Option("fedfa_momentum", float, FEDFA_MOMENTUM, "FedFA: momentum of the clients' running statistics",
+               minimum=0, maximum=1, below=True),
         Option("fedfa_stats", str, "carry", "FedFA: clients' running statistics at a round start: carry (the "
                "server's average, authors' code) or reset to (0, 1) (paper Alg. 1)", choices=STATS_RULES),
         Option("fedfa_var", str, "layer", "FedFA: the server's variance of client statistics: layer (one value "
@@ -102,8 +104,6 @@ class FedFA(FedAvg):
     @classmethod
     def adapt_model(cls, model, cfg):
         p, momentum = cfg.opt("fedfa_p"), cfg.opt("fedfa_momentum")
-        if not 0 <= p <= 1 or not 0 <= momentum < 1:
-            raise MpiflError(f"--fedfa-p must be in [0, 1] and --fedfa-momentum in [0, 1), got {p} and {momentum}")
         insert_after(model, stage_outputs(model),
                      lambda channels: FeatureAugmentation(channels, p=p, momentum=momentum), ATTR)
         return model

@@ -105,7 +105,7 @@ class FedMix(FedAvg):
     summary = "FedMix: FedAvg with the Taylor-approximated Mixup against other clients' shared mean images"
     classification_only = "mixes images with other clients' mean images and their mean one-hot labels"
     options = FedAvg.options + (
-        Option("fedmix_lambda", float, 0.1, "FedMix: mixing weight lambda"),
+        Option("fedmix_lambda", float, 0.1, "FedMix: mixing weight lambda", minimum=0, maximum=1, below=True),
         Option("fedmix_batch", int, 5, "FedMix: number of local images averaged into one shared mean image",
                minimum=1),
         Option("fedmix_means", int, 64, "FedMix: number of mean images each client shares", minimum=1),
@@ -115,8 +115,6 @@ class FedMix(FedAvg):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        if not 0 <= cfg.opt("fedmix_lambda") < 1:
-            raise MpiflError(f"--fedmix-lambda must be in [0, 1), got {cfg.opt('fedmix_lambda')}")
         self._spec: TensorSpec | None = None
         self._images = self._labels = None
 

@@ -68,7 +68,6 @@ import numpy as np
 import torch
 
 from ..plan.config import Option
-from ..errors import MpiflError
 from ..models import set_agn_tau
 from ..models.fednn import AGN_TAU0, BN, GN, AdaptiveGroupNorm
 from ..plan.seeding import personalization_seeds
@@ -98,7 +97,8 @@ class FedNN(FedProx):
     name = "fednn"
     summary = "FedNN: weight-normalized convs, adaptive group norm (BN/GN by Gumbel-softmax), FedAvg or FedProx"
     options = FedProx.options + (
-        Option("tau0", float, AGN_TAU0, "FedNN initial AGN temperature, decayed linearly to ~0 over the rounds"),
+        Option("tau0", float, AGN_TAU0, "FedNN initial AGN temperature, decayed linearly to ~0 over the rounds",
+               minimum=0, above=True),
         Option("fednn_base", str, "fedavg", "FedNN base method: fedavg or fedprox (then --mu applies); its lr decay "
                "and clip are the general --lr-schedule exp --lr-gamma 0.998 --max-grad-norm 10, set by the FedNN "
                "presets", choices=BASES),
@@ -124,8 +124,6 @@ class FedNN(FedProx):
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.base = cfg.opt("fednn_base")
-        if cfg.opt("tau0") <= 0:
-            raise MpiflError("--tau0 must be > 0")
         self.choice_keys = {e.key for e in entries if e.module_kind == "agn" and e.attr == "choice"}
         self.round = 1
         self.eval_round = 1

@@ -94,8 +94,6 @@ class FedProto(FedAvg):
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         self.classes, self.dim = head_shape(entries)
-        if cfg.opt("mu") < 0:
-            raise MpiflError(f"--mu must be >= 0, got {cfg.opt('mu')}")
 
     def shares(self, entry):
         return False

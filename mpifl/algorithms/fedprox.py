@@ -10,7 +10,6 @@ DomainNet; FedRDN's appendix uses 1e-3).
 
 import torch
 
-from ..errors import MpiflError
 from .core.options import MU
 from .fedavg import FedAvg
 
@@ -19,11 +18,6 @@ class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: FedAvg with proximal term mu/2 ||w - w_global||^2"
     options = FedAvg.options + (MU,)
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        if not cfg.opt("mu") >= 0:  # a negative weight pushes each client away from the global model
-            raise MpiflError(f"--mu must be >= 0 (0 is FedAvg), got {cfg.opt('mu')}")
 
     def begin_local(self, client, model, download):
         super().begin_local(client, model, download)

@@ -48,7 +48,6 @@ degrees on Office-Caltech-10 and DomainNet, FedBN's preprocessing
 from __future__ import annotations
 
 from ..plan.config import Option, RunConfig
-from ..errors import MpiflError
 from ..models import adaptive_clip_
 from .fedavg import FedAvg
 
@@ -70,7 +69,7 @@ class FedWon(FedAvg):
     options = FedAvg.options + (
         Option("agc_clip", float, None,
                "FedWon adaptive gradient clipping threshold lambda (0 = off); unset: off below "
-               "--batch-size 32, else 0.64 for digit datasets and 1.28 otherwise"),)
+               "--batch-size 32, else 0.64 for digit datasets and 1.28 otherwise", minimum=0, zero="off"),)
     norm = "none"
     norms = ("none",)
     norms_because = "removes every normalization layer"
@@ -79,8 +78,6 @@ class FedWon(FedAvg):
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
         clip = cfg.opt("agc_clip")
-        if clip is not None and not clip >= 0:
-            raise MpiflError(f"--agc-clip must be >= 0 (0 turns clipping off), got {clip}")
         self.agc_clip = auto_agc_clip(cfg) if clip is None else float(clip)
 
     def after_backward(self, client, model):

@@ -27,7 +27,6 @@ paper's defaults and the authors' PACS configuration
 """
 
 from ..plan.config import Option
-from ..errors import MpiflError
 from ..models.mixstyle import MIXSTYLE_ALPHA, MIXSTYLE_P, MixStyle
 from ..models.surgery import insert_after, stage_outputs
 from .fedavg import FedAvg
@@ -37,15 +36,15 @@ class MixStyleFedAvg(FedAvg):
     name = "mixstyle"
     summary = "FedAvg with MixStyle layers (instance-statistics mixing) after all but the last stage"
     options = FedAvg.options + (
-        Option("mixstyle_p", float, MIXSTYLE_P, "MixStyle: probability a layer mixes a mini-batch"),
-        Option("mixstyle_alpha", float, MIXSTYLE_ALPHA, "MixStyle: Beta(alpha, alpha) of the mixing weight"),
+        Option("mixstyle_p", float, MIXSTYLE_P, "MixStyle: probability a layer mixes a mini-batch", minimum=0,
+               maximum=1),
+        Option("mixstyle_alpha", float, MIXSTYLE_ALPHA, "MixStyle: Beta(alpha, alpha) of the mixing weight",
+               minimum=0, above=True),
     )
 
     @classmethod
     def adapt_model(cls, model, cfg):
         p, alpha = cfg.opt("mixstyle_p"), cfg.opt("mixstyle_alpha")
-        if not 0 <= p <= 1 or alpha <= 0:
-            raise MpiflError(f"--mixstyle-p must be in [0, 1] and --mixstyle-alpha > 0, got {p} and {alpha}")
         positions = stage_outputs(model)[:-1]
         insert_after(model, positions, lambda channels: MixStyle(channels, p=p, alpha=alpha), "mixstyle")
         return model

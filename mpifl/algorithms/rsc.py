@@ -48,7 +48,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import MpiflError
 from ..plan.config import Option
 from .fedavg import FedAvg
 
@@ -81,15 +80,11 @@ class RSC(FedAvg):
     summary = "FedAvg with Representation Self-Challenging: mute the features the true class relies on most"
     classification_only = "mutes the features the image's true class relies on most"
     options = FedAvg.options + (
-        Option("rsc_drop", float, RSC_DROP, "RSC: fraction of feature entries muted per challenged sample"),
-        Option("rsc_batch", float, RSC_BATCH, "RSC: fraction of the mini-batch that is challenged"),
+        Option("rsc_drop", float, RSC_DROP, "RSC: fraction of feature entries muted per challenged sample",
+               minimum=0, maximum=1),
+        Option("rsc_batch", float, RSC_BATCH, "RSC: fraction of the mini-batch that is challenged", minimum=0,
+               maximum=1),
     )
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        for flag, value in (("--rsc-drop", cfg.opt("rsc_drop")), ("--rsc-batch", cfg.opt("rsc_batch"))):
-            if not 0 <= value <= 1:
-                raise MpiflError(f"{flag} must be in [0, 1], got {value}")
 
     def rsc_mask(self, head, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """(B, D) mask of steps 1-3 for ``features`` (not differentiated through)."""

@@ -47,6 +47,7 @@ class Option:
     minimum: float | None = None  # least value; a count's (type int, required) is 0 or 1 as its meaning needs
     above: bool = False  # the value must exceed minimum (a rate: > 0)
     maximum: float | None = None  # greatest value
+    below: bool = False  # the value must be under maximum (a decay rate: < 1)
     unit: str = ""  # of its range, for the check's message ("GiB", "seconds")
     zero: str = ""  # what 0 means, which is then taken whatever the minimum ("automatic", "never")
     # Every run's options only; a method's keep these defaults: fixed on resume, part of what names a result
@@ -74,12 +75,13 @@ class Option:
         low, high = self.minimum, self.maximum
         if low is None or value is None or (value == 0 and self.zero):
             return None
-        if (value > low if self.above else value >= low) and (high is None or value <= high):
+        if (value > low if self.above else value >= low) and (high is None or (value < high if self.below
+                                                                               else value <= high)):
             return None
         if high is None:
             bound = f"{'>' if self.above else '>='} {low}{' ' + self.unit if self.unit else ''}"
         else:
-            bound = f"in {'(' if self.above else '['}{low}, {high}]"
+            bound = f"in {'(' if self.above else '['}{low}, {high}{')' if self.below else ']'}"
         return f"{self.flag} must be {bound}{f' (0 = {self.zero})' if self.zero else ''}, got {value}"
 
 

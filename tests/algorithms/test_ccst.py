@@ -130,7 +130,7 @@ def test_a_missing_style_model_is_one_line_before_anything_runs(data_root, tmp_p
         make_algo("ccst", {"data_root": str(data_root)})
     with pytest.raises(MpiflError, match=rf"^--style-model {tmp_path}: vgg_normalised.pth and decoder.pth must both"):
         _ccst(data_root, tmp_path)
-    with pytest.raises(MpiflError, match=r"^--ccst-alpha must be in \[0, 1\]$"):
+    with pytest.raises(MpiflError, match=r"^--ccst-alpha must be in \[0, 1\], got 1.5$"):
         _ccst(data_root, style_model, ccst_alpha=1.5)
     job = run_here("--data-root", str(data_root), "--algo", "ccst", "--out", str(tmp_path / "run"), "--rounds", "1")
     assert job.returncode == 2 and len(job.stderr.splitlines()) == 1 and "--style-model DIR" in job.stderr

@@ -130,8 +130,11 @@ def test_client_starts_its_statistics_from_the_download_or_resets_them_and_uploa
 @pytest.mark.parametrize("bad", [{"fedfa_p": 1.5}, {"fedfa_momentum": 1.0}, {"fedfa_stats": "keep"},
                                  {"fedfa_var": "client"}])
 def test_bad_options(bad):
-    with pytest.raises(MpiflError):
-        _fedfa(**bad)
+    """Refused in one line before the network is built (the method's options' ranges)."""
+    cls = get_algorithm("fedfa")
+    cfg = RunConfig(algo="fedfa", model="smallcnn", algo_options={**{o.name: o.default for o in cls.options}, **bad})
+    with pytest.raises(MpiflError, match=f"^--{next(iter(bad)).replace('_', '-')} must be "):
+        cls.network(cfg, num_classes=10)
 
 
 @pytest.mark.slow

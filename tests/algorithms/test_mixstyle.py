@@ -63,5 +63,8 @@ def test_training_loss_is_ce_through_the_mixed_features():
 
 @pytest.mark.parametrize("bad", [{"mixstyle_p": -0.1}, {"mixstyle_alpha": 0.0}])
 def test_bad_options(bad):
-    with pytest.raises(MpiflError):
-        _mixstyle(**bad)
+    """Refused in one line before the network is built (the method's options' ranges)."""
+    cls = get_algorithm("mixstyle")
+    cfg = RunConfig(algo="mixstyle", model="smallcnn", algo_options={**{o.name: o.default for o in cls.options}, **bad})
+    with pytest.raises(MpiflError, match=f"^--{next(iter(bad)).replace('_', '-')} must be "):
+        cls.network(cfg, num_classes=10)

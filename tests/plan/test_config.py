@@ -125,7 +125,7 @@ def test_every_float_option_core_or_method_refuses_a_number_that_is_not_finite(n
     (("--algo", "fedprox", "--mu", "nan"), "--mu must be a finite number, got nan"),
     (("--algo", "fedavgm", "--server-lr", "nan"), "--server-lr must be a finite number, got nan"),
     (("--algo", "fedavgm", "--server-momentum", "nan"), "--server-momentum must be a finite number, got nan"),
-    (("--algo", "fedprox", "--mu", "-1"), "--mu must be >= 0 (0 is FedAvg), got -1.0"),
+    (("--algo", "fedprox", "--mu", "-1"), "--mu must be >= 0, got -1.0"),
     (("--algo", "fedavgm", "--server-lr", "-1"), "--server-lr must be > 0, got -1.0"),
 ])
 def test_the_issues_options_are_refused_in_one_line_before_anything_is_written(data_root, tmp_path, args, words):

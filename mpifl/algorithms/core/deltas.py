@@ -18,14 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import MpiflError
 from ...transport.wire import TensorSpec
-
-def check_server_lr(cfg) -> None:
-    """``--server-lr`` is a step size: above 0 (at 0 the global model never moves, below it moves uphill)."""
-    if not cfg.opt("server_lr") > 0:
-        raise MpiflError(f"--server-lr must be > 0, got {cfg.opt('server_lr')}")
-
 
 def trainable_keys(algo) -> list[str]:
     """Shared model entries that are floating-point parameters, in state-dict order."""

@@ -72,8 +72,6 @@ def guide_loss(head: nn.Module, lam: float, features: torch.Tensor, labels: torc
 
 def check_guide(algo) -> None:
     """One line refusing ``--guide-lambda`` for a method whose download lacks (part of) the classifier."""
-    if algo.guide_lambda < 0:
-        raise MpiflError(f"--guide-lambda must be >= 0 (0 = off), got {algo.guide_lambda}")
     if algo.guide_lambda and not algo.downloads_head():
         raise MpiflError(f"--guide-lambda: {algo.name} keeps the classifier on each client (it is not in the "
                          "download), so there is no global classifier to guide with; drop --guide-lambda or "

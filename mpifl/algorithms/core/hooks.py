@@ -109,7 +109,9 @@ BY_ROLE: dict[str, tuple[Hook, ...]] = {
         Hook("global_eval_per_batch", "every rank", "once per stage, when the session spreads the global model's "
              "evaluation over the ranks"),
         Hook("selection", "every rank", "rank 0 picks the best round by it; under 'local-val' a client rank also "
-             "scores each trained model on its val split", kind="helper")),
+             "scores each trained model on its val split", kind="helper"),
+        Hook("selection_for", "internal", "from selection; by the report, for a finished run's config.json",
+             kind="helper")),
     "one-time set-up": (
         Hook("bind_clients", "every rank", "once, when the session is built: sets training_ids", chain=True),
         Hook("adapt_model", "internal", "from network, on the seeded model, once per rank"),

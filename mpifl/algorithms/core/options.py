@@ -18,21 +18,23 @@ from ...plan.config import Option
 UNIFORM_WEIGHTS = Option("uniform_weights", bool, False, "weight clients equally in the average instead of by "
                          "sample count")
 MU = Option("mu", float, 0.01, "weight mu of a method's extra local loss term: FedProx's (and FedNN's) proximal "
-            "term mu/2 ||w - w_global||^2, FedProto's prototype loss (its lambda)")
+            "term mu/2 ||w - w_global||^2, FedProto's prototype loss (its lambda)", minimum=0)
 SERVER_LR = Option("server_lr", float, 1.0,
-                   "server (global) learning rate: x <- x + server_lr * (aggregated update)")
+                   "server (global) learning rate: x <- x + server_lr * (aggregated update)", minimum=0, above=True)
 ALPHA = Option("alpha", float, 0.01,
                "regularization weight alpha (FedDyn: dynamic regularizer; FedDC: drift penalty)")
-BETA1 = Option("beta1", float, 0.9, "server first-moment decay: m <- beta1 m + (1 - beta1) Delta")
+BETA1 = Option("beta1", float, 0.9, "server first-moment decay: m <- beta1 m + (1 - beta1) Delta", minimum=0,
+               maximum=1, below=True)
 BETA2 = Option("beta2", float, 0.99, "server second-moment decay: v <- beta2 v + (1 - beta2) Delta^2 (Yogi: "
                "v <- v - (1 - beta2) Delta^2 sign(v - Delta^2)); 0.99 is Flower's default, Reddi et al.'s "
-               "experiments keep Keras' 0.999")
-TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2")
+               "experiments keep Keras' 0.999", minimum=0, maximum=1, below=True)
+TAU = Option("tau", float, 1e-3, "server adaptivity: x <- x + server_lr m / (sqrt(v) + tau), v starting at tau^2",
+             minimum=0, above=True)
 GUIDE_LAMBDA = Option("guide_lambda", float, 0.0,
                       "weight lambda of the guiding regularizer lambda L(h_g(g(x)), y), L the task's loss (CE; on "
                       "segmentation the run's --seg-loss), h_g the downloaded classifier "
                       "frozen (gPerXAN, Le et al. 2024, eqs. 3-4); for any method whose download holds the "
-                      "classifier, refused in one line by the others; 0 = off")
+                      "classifier, refused in one line by the others; 0 = off", minimum=0, zero="off")
 DECLARATIONS_FILE = "mpifl/algorithms/core/options.py"
 
 

@@ -23,15 +23,8 @@ from typing import ClassVar
 
 import torch
 
-from ...errors import MpiflError
 from .base import Algorithm
-from .deltas import check_server_lr, trainable_keys
-from .options import BETA1, BETA2
-
-def check_decay(cfg, name: str) -> None:
-    """A decay rate is in [0, 1): at 1 and above the state never forgets (momentum: the model runs away)."""
-    if not 0 <= cfg.opt(name) < 1:
-        raise MpiflError(f"--{name.replace('_', '-')} must be in [0, 1), got {cfg.opt(name)}")
+from .deltas import trainable_keys
 
 
 class ServerOptimizer(Algorithm):
@@ -41,7 +34,6 @@ class ServerOptimizer(Algorithm):
 
     def __init__(self, cfg, entries):
         super().__init__(cfg, entries)
-        check_server_lr(cfg)
         self.params = trainable_keys(self)
 
     def slot(self, name: str, key: str) -> str:
@@ -87,14 +79,6 @@ class AdaptiveServerOptimizer(ServerOptimizer):
     eta = ``--server-lr`` and the clients' ``--lr`` are tuned per task there; each member states its default."""
 
     slots = ("m", "v")
-
-    def __init__(self, cfg, entries):
-        super().__init__(cfg, entries)
-        for option in self.options:
-            if option.name in (BETA1.name, BETA2.name):
-                check_decay(cfg, option.name)
-        if not cfg.opt("tau") > 0:
-            raise MpiflError(f"--tau must be > 0, got {cfg.opt('tau')}")
 
     def initial_slot(self, name, value):
         return torch.full_like(value, self.cfg.opt("tau") ** 2) if name == "v" else torch.zeros_like(value)
