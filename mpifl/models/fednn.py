@@ -39,8 +39,7 @@ AGN, section 3.2, eqs. (5)-(10)
   (``bias``, zeros).
 * BN running statistics: exponential moving averages with decay 0.997 (the
   code's ``momentum=0.997``): ``running = 0.997 * running + 0.003 * batch``,
-  which is ``torch.nn.BatchNorm``'s ``momentum = 1 - 0.997 = 0.003``
-  (:attr:`AdaptiveGroupNorm.torch_momentum`).  As in torch, the running
+  which is ``torch.nn.BatchNorm``'s ``momentum = 1 - 0.997 = 0.003``.  As in torch, the running
   variance is updated with the unbiased batch variance and starts at ones
   (the code starts it at zeros and mixes biased/unbiased terms).
 * Evaluation (the paper is silent): the BN statistics are the running ones,
@@ -60,9 +59,8 @@ AGN, section 3.2, eqs. (5)-(10)
   algorithm sharing the whole state must decide what the global ``choice``
   is (the code averages a 0/1 flag and truncates it, i.e. the global layer is
   frozen only when every participant froze).  ``freeze_on_one_hot=False``
-  turns the automatic freeze off; :meth:`AdaptiveGroupNorm.freeze_if_one_hot`,
-  :meth:`~AdaptiveGroupNorm.freeze` and :meth:`~AdaptiveGroupNorm.unfreeze`
-  do it by hand.
+  turns the automatic freeze off; :meth:`AdaptiveGroupNorm.freeze_if_one_hot`
+  and :meth:`~AdaptiveGroupNorm.freeze` do it by hand.
 
 State-dict entries of an AGN layer: ``weight``, ``bias``, ``select_logits``
 (parameters), ``running_mean``, ``running_var``, ``choice`` (buffers).
@@ -158,11 +156,6 @@ class AdaptiveGroupNorm(nn.Module):
             raise ValueError(f"AGN temperature must be positive, got {value}")
         self._tau = value
 
-    @property
-    def torch_momentum(self) -> float:
-        """The running-statistics ``decay`` as torch BatchNorm's ``momentum`` (1 - decay)."""
-        return 1.0 - self.decay
-
     # --------------------------------------------------------------- freezing
     @property
     def is_frozen(self) -> bool:
@@ -173,9 +166,6 @@ class AdaptiveGroupNorm(nn.Module):
         if index not in (BN, GN):
             raise ValueError(f"AGN choice is 0 (BN) or 1 (GN), got {index}")
         self.choice.fill_(index)
-
-    def unfreeze(self) -> None:
-        self.choice.fill_(-1)
 
     def freeze_if_one_hot(self, selection: torch.Tensor | None = None) -> bool:
         """Freeze if ``selection`` (default: the last training draw) is exactly one-hot.
@@ -249,8 +239,6 @@ class AdaptiveGroupNorm(nn.Module):
             f"decay={self.decay}, tau={self.tau}, mix={self.mix!r}, eval_noise={self.eval_noise}"
         )
 
-
-AGN = AdaptiveGroupNorm
 
 
 def set_agn_tau(model: nn.Module, tau: float) -> int:

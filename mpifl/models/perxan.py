@@ -86,21 +86,6 @@ class PerXAN(nn.Module):
         w = self.mixing_weights()
         return w[0] * self.bn(x) + w[1] * self.inorm(x)
 
-    @torch.no_grad()
-    def load_batchnorm_state(self, bn: nn.Module | Mapping[str, torch.Tensor]) -> None:
-        """Copy a plain BatchNorm's state (module or its state dict) into the BN side.
-
-        ``weight``, ``bias``, ``running_mean`` and ``running_var`` are required;
-        ``num_batches_tracked`` is copied when present.
-        """
-        state = bn.state_dict() if isinstance(bn, nn.Module) else bn
-        missing = [a for a in _BN_ATTRS[:4] if a not in state]
-        if missing:
-            raise KeyError(f"BatchNorm state lacks {', '.join(missing)}")
-        self.bn.load_state_dict({a: state[a] for a in _BN_ATTRS if a in state}, strict=False)
-
-
-XAN = PerXAN
 
 
 def perxan_state_from_bn(

@@ -84,8 +84,6 @@ class WSConv2d(nn.Conv2d):
         scale = torch.rsqrt(torch.clamp(var * self.fan_in, min=self.eps))
         return (w - mean) * scale * self.gain
 
-    standardized_weights = effective_weight  # Listing 1's name
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(x, self.effective_weight(), self.bias)
 

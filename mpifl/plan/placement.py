@@ -24,7 +24,3 @@ def place_clients(sizes: Sequence[int], num_hosts: int) -> list[list[int]]:
         load[host] += sizes[client]
     return [sorted(h) for h in hosted]
 
-
-def host_of(placement: list[list[int]]) -> dict[int, int]:
-    """Client id -> host rank (1-based MPI rank)."""
-    return {c: h + 1 for h, clients in enumerate(placement) for c in clients}

@@ -52,7 +52,6 @@ class Task:
 
     name: str
     metric: str  # the score's key in metrics.jsonl and the summaries
-    metric_name: str  # the score's name in tables
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     score_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,11 +70,10 @@ def _batch_times_images(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     return lambda logits, labels: loss(logits, labels) * len(labels)
 
 
-CLASSIFICATION = Task("classification", "acc", "accuracy", F.cross_entropy, _summed_ce, _correct)
-SEGMENTATION = Task("segmentation", "dice", "Dice", dice_loss, _batch_times_images(dice_loss), _dice_sum)
-SEGMENTATION_DICE_CE = Task("segmentation", "dice", "Dice", dice_ce_loss, _batch_times_images(dice_ce_loss),
-                            _dice_sum)
-SEGMENTATION_SIGMOID_DICE = Task("segmentation", "dice", "Dice", sigmoid_dice_loss,
+CLASSIFICATION = Task("classification", "acc", F.cross_entropy, _summed_ce, _correct)
+SEGMENTATION = Task("segmentation", "dice", dice_loss, _batch_times_images(dice_loss), _dice_sum)
+SEGMENTATION_DICE_CE = Task("segmentation", "dice", dice_ce_loss, _batch_times_images(dice_ce_loss), _dice_sum)
+SEGMENTATION_SIGMOID_DICE = Task("segmentation", "dice", sigmoid_dice_loss,
                                  _batch_times_images(sigmoid_dice_loss), _sigmoid_dice_sum, background_output=False)
 #: --seg-loss -> the segmentation task it trains
 SEGMENTATION_BY_LOSS = dict(zip(SEG_LOSSES, (SEGMENTATION, SEGMENTATION_DICE_CE, SEGMENTATION_SIGMOID_DICE),

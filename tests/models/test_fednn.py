@@ -49,7 +49,7 @@ def stats(x, groups=2):
 def test_defaults_and_state():
     layer = AdaptiveGroupNorm(8)
     assert layer.num_groups == 2 and layer.eps == 1e-5 and layer.tau == 5.0
-    assert layer.decay == 0.997 and layer.torch_momentum == pytest.approx(0.003)
+    assert layer.decay == 0.997
     assert torch.equal(layer.select_logits, torch.ones(2))
     assert list(layer.state_dict()) == [
         "weight", "bias", "select_logits", "running_mean", "running_var", "choice",
@@ -191,8 +191,6 @@ def test_freezes_once_a_draw_is_one_hot():
     reference.running_mean.copy_(frozen.running_mean)
     reference.running_var.copy_(frozen.running_var)
     torch.testing.assert_close(out, reference(x))
-    layer.unfreeze()
-    assert not layer.is_frozen
 
 
 def test_manual_freeze_if_one_hot():

@@ -53,24 +53,6 @@ def test_output_is_the_softmax_mix_of_the_two_branches(training):
     assert layer.bn_score.grad.abs() > 0 and layer.in_score.grad.abs() > 0
 
 
-def test_load_batchnorm_state_into_the_bn_side():
-    layer = make_layer()
-    bn = nn.BatchNorm2d(4)
-    with torch.no_grad():
-        for t in (bn.weight, bn.bias, bn.running_mean):
-            t.normal_()
-        bn.running_var.uniform_(1, 2)
-        bn.num_batches_tracked.fill_(9)
-    in_before = {k: v.clone() for k, v in layer.inorm.state_dict().items()}
-    layer.load_batchnorm_state(bn)
-    for key, value in bn.state_dict().items():
-        assert torch.equal(layer.bn.state_dict()[key], value), key
-    for key, value in layer.inorm.state_dict().items():
-        assert torch.equal(value, in_before[key])
-    with pytest.raises(KeyError):
-        layer.load_batchnorm_state({"weight": bn.weight})
-
-
 def test_model_loader_from_a_bn_checkpoint():
     torch.manual_seed(0)
     bn_model = build_model("smallcnn", num_classes=5, norm="bn")
