@@ -9,7 +9,7 @@ sleeps (:mod:`mpifl.transport.polling`); the collective itself starts only when 
 at full speed.  The messages to rank 0 move by a handshake (:mod:`mpifl.transport.handshake`) unless the library
 moves them alone (:mod:`mpifl.transport.single_copy`); buffers above 2 GiB travel as derived datatypes
 (:mod:`mpifl.transport.large`); the peers are watched by heartbeats (:mod:`mpifl.transport.liveness`), and the
-node's ranks found by a shared-memory split (:mod:`mpifl.transport.mpi_node`).
+node's ranks found by a shared-memory split (:meth:`MpiComm.node_layout`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ..process.abort import abort_world
+from ..process.node_files import MPICH_NODE, forget_launcher_files, forget_segments
 from ..process.world import loaded_libmpi
 from .gpu_mpi import cuda_aware
 from .handshake import HandshakeComm
 from .large import INT_MAX, gatherv, typed
 from .liveness import Heartbeats, unwatchable
-from .mpi_node import node_layout
 from .polling import Pending
-from .topology import NodeLayout
+from .topology import NodeLayout, affinity
 from .wire import Buffer
 
 ARRIVED, GO = 31001, 31002  # tags: the barrier's messages (the handshake's are 31003-31005, the probe's 31006)
@@ -78,7 +78,20 @@ class MpiComm(HandshakeComm):
         return self.comm.allgather(obj)
 
     def node_layout(self) -> NodeLayout:
-        return node_layout(self.comm)
+        """The ranks that share this rank's node (an MPI shared-memory split).  Having spoken to them (every one has
+        started MPI), the rank unlinks MPICH's shared-memory file of the node and Hydra's topology file: nothing of
+        them is left however the job ends (:mod:`mpifl.process.node_files`)."""
+        mine = affinity()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        everyone = dict(local.allgather((self.rank, mine)))  # setup only: small pickled tuples
+        local.Free()
+        forget_segments(MPICH_NODE)
+        forget_launcher_files()
+        ranks = tuple(sorted(everyone))
+        clients = tuple(r for r in ranks if r != 0)
+        sharing = sum(1 for r in clients if everyone[r] & mine) if self.rank != 0 else 1
+        return NodeLayout(hostname=socket.gethostname(), rank=self.rank, node_ranks=ranks, client_ranks=clients,
+                          cores=len(mine), sharing=max(1, sharing))
 
     def cuda_aware(self) -> bool | None:
         return cuda_aware()
