@@ -95,7 +95,7 @@ from .algorithms.core.reduction import Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
 from .client.training import evaluate
 from .data import default_data_root, ensure_dataset
-from .errors import MpiflError
+from .errors import MpiflError, OneLine
 from .job.cli import configuration, usage_line
 from .models import build_model
 from .plan.config import RunConfig
@@ -608,17 +608,6 @@ def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[
                          f"{megabytes:g} MB, and the sums of each of {len(counts)} thread counts), "
                          f"{available / 1e9:.1f} GB are available; lower --fold-mb or --fold-clients")
     return counts
-
-
-class OneLine(click.ClickException):
-    """A refusal as mpifl shows one: one line on stderr, exit code 2 (or the error's own)."""
-
-    def __init__(self, message: str, exit_code: int = MpiflError.exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-    def show(self, file=None) -> None:
-        click.echo(f"mpifl: error: {self.message}", err=True)
 
 
 class BenchCommand(click.Command):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from mpifl.errors import MpiflError
+from mpifl.errors import MpiflError, OneLine
 from mpifl.data.benchmarks import BENCHMARKS, prepare_benchmark
 from mpifl.data.camelyon import prepare_camelyon17
 from mpifl.data.cifar import prepare_cifar10, prepare_cifar10c
@@ -75,21 +75,12 @@ PREPARERS = {"styledigits": _prepare_styledigits, "styleshapes": _prepare_styles
 EXTRA_OPTIONS = {"cifar10c": ("severity",)}
 
 
-class _UserError(click.ClickException):
-    """An :class:`MpiflError` as click shows it: one line on stderr, exit code 2."""
-
-    exit_code = MpiflError.exit_code
-
-    def show(self, file=None) -> None:
-        click.echo(f"mpifl: error: {self.message}", err=True)
-
-
 class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except MpiflError as e:
-            raise _UserError(str(e)) from None
+            raise OneLine(str(e), e.exit_code) from None
 
 
 class _Renamed(click.Command):
