@@ -78,10 +78,8 @@ def weighted_mean(values: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarr
     return weighted_sum(values, mean_weights(weights))
 
 
-def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
-                 out: np.ndarray | None = None) -> np.ndarray:
-    """``out`` + sum_k c_k x_k in float64 (``out`` None: a new zero sum), accumulated in client-id order;
-    terms with c_k = 0 are skipped.
+def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float]) -> np.ndarray:
+    """sum_k c_k x_k in float64, accumulated in client-id order; terms with c_k = 0 are skipped.
 
     A fixed order makes the result independent of which rank trained which client (rank-count
     invariance), and of how the clients are split into calls: each element's sum is the same chain of
@@ -89,7 +87,7 @@ def weighted_sum(values: Sequence[np.ndarray], coefficients: Sequence[float],
     next block, so the partial sum never leaves the cache: each upload is read once and the result
     written once (3x faster than whole-array passes for a 50 MB model, with the same bits): :func:`fold_ranges`.
     """
-    acc = np.empty(np.shape(values[0]), dtype=np.float64) if out is None else out
+    acc = np.empty(np.shape(values[0]), dtype=np.float64)
     flat = acc.reshape(-1)
-    fold_ranges([(flat, terms(values, coefficients))], [(0, 0, flat.size)], zero=out is None)
+    fold_ranges([(flat, terms(values, coefficients))], [(0, 0, flat.size)], zero=True)
     return acc
