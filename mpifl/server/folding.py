@@ -117,6 +117,7 @@ class Folding:
 
     def __init__(self, reductions: Mapping[str, Reduction], threads: FoldThreads | None = None):
         self.reductions = dict(reductions)
+        self.coefficients = {name: np.asarray(r.coefficients, dtype=np.float64) for name, r in self.reductions.items()}
         self.threads = threads or FoldThreads()
         self.sums: dict[str, np.ndarray] = {}
         self.folded = 0  # clients added so far
@@ -131,7 +132,7 @@ class Folding:
             self.sums = {name: block[low:high].reshape(shape)
                          for (name, shape), low, high in zip(shapes.items(), offsets, offsets[1:])}
         for name, reduction in self.reductions.items():
-            coefficients = np.asarray(reduction.coefficients, dtype=np.float64)[first:first + len(window)]
+            coefficients = self.coefficients[name][first:first + len(window)]
             work.append((self.sums[name].reshape(-1), terms([uploads[reduction.upload] for uploads in window],
                                                             coefficients)))
         self.threads.fold(work, zero=not first)
