@@ -22,10 +22,6 @@ FOLDER = "tensorboard"  # inside the run's tracking folder
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
-    @classmethod
-    def modules(cls) -> tuple[str, ...]:
-        return ("tensorboard",)
-
     def __init__(self, run: TrackedRun):
         from torch.utils.tensorboard import SummaryWriter
 

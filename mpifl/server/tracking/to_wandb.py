@@ -27,10 +27,6 @@ EXIT_CODES = {FINISHED: 0, STOPPED: 75}  # else failed: 1
 class WandbTracker(Tracker):
     name = "wandb"
 
-    @classmethod
-    def modules(cls) -> tuple[str, ...]:
-        return ("wandb",)
-
     def __init__(self, run: TrackedRun):
         import wandb
 

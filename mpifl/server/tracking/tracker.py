@@ -51,8 +51,8 @@ class Tracker:
 
     @classmethod
     def modules(cls) -> tuple[str, ...]:
-        """The packages it imports."""
-        raise NotImplementedError
+        """The packages it imports: by default the one of its :attr:`name`."""
+        return (cls.name,)
 
     @classmethod
     def missing(cls) -> list[str]:
