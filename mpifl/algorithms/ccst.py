@@ -158,7 +158,8 @@ class CCST(FedAvg):
             raise MpiflError(f"ccst's style network takes RGB images; {self.cfg.data}'s have {channels} channel(s)")
         shape = (2, FEATURES) if self.cfg.opt("ccst_style") == "overall" else (self.bank, 2, FEATURES)
         return TensorSpec(STYLES, shape, torch.float32,
-                          derived="styles (VGG relu4_1 channel mean and std) of the client's training images")
+                          derived="styles (VGG relu4_1 channel mean and std) of the client's training images",
+                          exposes="data statistics")
 
     def setup_contribution(self, client, data):
         """The client's overall style, or J single-image styles of its training images in a seeded order."""

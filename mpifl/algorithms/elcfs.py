@@ -188,7 +188,8 @@ class ELCFS(FedAvg):
             manifest = DatasetManifest.load(self.cfg.data_root, self.cfg.data)
             height, width = manifest.image_size
             self._spec = TensorSpec(AMPLITUDES, (self.bank_size, manifest.channels, height, width // 2 + 1),
-                                    torch.float32, derived="amplitude spectra of the client's training images")
+                                    torch.float32, derived="amplitude spectra of the client's training images",
+                                    exposes="images or spectra")
         return self._spec
 
     def setup_contribution(self, client, data):

@@ -126,7 +126,8 @@ class FedDGGA(Algorithm):
     def extra_upload(self):
         what = "accuracy" if self.metric == "acc" else "mean cross-entropy"
         return [TensorSpec(SCORES, (2,), torch.float64,
-                           derived=f"the client's validation {what} of the downloaded and of its trained model")]
+                           derived=f"the client's validation {what} of the downloaded and of its trained model",
+                           exposes="scores")]
 
     # ---------------------------------------------------------------- client
     def score_local(self, client, model, moment, score):

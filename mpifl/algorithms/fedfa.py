@@ -133,13 +133,14 @@ class FedFA(FedAvg):
 
     def extra_upload(self):
         return [TensorSpec(stats_name(i), (2, c), torch.float32,
-                           derived="running mean and std of the client's feature maps")
+                           derived="running mean and std of the client's feature maps", exposes="data statistics")
                 for i, c in sorted(self.channels.items())]
 
     def extra_download(self):
         if not self.carry:
             return []
-        return [TensorSpec(running_name(i), (2, c), torch.float32, derived="clients' feature statistics, averaged")
+        return [TensorSpec(running_name(i), (2, c), torch.float32, derived="clients' feature statistics, averaged",
+                           exposes="data statistics")
                 for i, c in sorted(self.channels.items())]
 
     # ------------------------------------------------------------------ server

@@ -126,7 +126,8 @@ class FedMix(FedAvg):
             self.image_shape = (manifest.channels, *manifest.image_size)
             width = math.prod(self.image_shape) + self.num_classes
             self._spec = TensorSpec(MEANS, (self.cfg.opt("fedmix_means"), width), torch.float32,
-                                    derived="mean images of the client's training images and their mean labels")
+                                    derived="mean images of the client's training images and their mean labels",
+                                    exposes="images or spectra")
         return self._spec
 
     def setup_contribution(self, client, data):

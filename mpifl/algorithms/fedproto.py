@@ -100,13 +100,15 @@ class FedProto(FedAvg):
 
     def extra_download(self):
         return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32,
-                           derived="clients' class-mean features, averaged"),
-                TensorSpec(PRESENT, (self.classes,), torch.float32, derived="which classes some client holds")]
+                           derived="clients' class-mean features, averaged", exposes="prototypes"),
+                TensorSpec(PRESENT, (self.classes,), torch.float32, derived="which classes some client holds",
+                           exposes="data statistics")]
 
     def extra_upload(self):
         return [TensorSpec(PROTOS, (self.classes, self.dim), torch.float32,
-                           derived="class-mean features of the client's training data"),
-                TensorSpec(COUNTS, (self.classes,), torch.float32, derived="the client's samples per class")]
+                           derived="class-mean features of the client's training data", exposes="prototypes"),
+                TensorSpec(COUNTS, (self.classes,), torch.float32, derived="the client's samples per class",
+                           exposes="data statistics")]
 
     # ------------------------------------------------------------------ server
     def init_server(self, initial):

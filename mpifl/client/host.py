@@ -205,6 +205,7 @@ class ClientHost:
         if self.algo.selection == "local-val":  # the post-training local model, before aggregation
             _, val_correct, val_seen = evaluate(self.model, self.data[client.id], "val",
                                                 self.session.cfg.eval_batch_size, self.precision, self.algo.task)
+        upload = self.session.privacy.privatize(upload, download, client.id, round_index)
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
                                        loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen,
                                        val_correct=val_correct, val_seen=val_seen)

@@ -7,6 +7,7 @@ import dataclasses
 from ..data import ensure_dataset
 from ..plan.config import RunConfig
 from ..plan.optim import KEPT
+from ..privacy.exposure import marks
 from ..session.session import make_session, read_labels
 from ..transport.manifest import format_manifest
 
@@ -24,6 +25,8 @@ def manifest_text(cfg: RunConfig) -> str:
     kept = (f"\n  {KEPT}<parameter>/<name>: with --keep-optimizer, the local {cfg.optimizer} optimizer's state of "
             "every parameter it has stepped (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, step)"
             if cfg.keep_optimizer else "")
-    return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
-            + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
-                              len(session.training_ids)) + kept)
+    per_round = (f"each taking part with probability {cfg.fraction:g} (Poisson), {len(session.sampled(1))} in round 1"
+                 if session.privacy.samples_poisson else f"{len(session.sampled(1))} per round")
+    return (f"clients: {len(session.clients)} over {len(domains)} domains, {per_round}\n"
+            + format_manifest(cfg.algo, session.policy(), len(session.sampled(1)), setup,
+                              len(session.training_ids), marks(session.privacy)) + kept)

@@ -241,6 +241,29 @@ RUN_OPTIONS: tuple[Option, ...] = (
                "variates, kept optimizer state) is created when a client first trains",
                minimum=0, unit="GiB", resumable=True, names_result=False),
     ),
+    *_group("Client-level differential privacy (docs/privacy.md)",
+        Option("dp_clip", float, 0.0, "DP-FedAvg: clip each sampled client's update (what it uploads less what it "
+               "downloaded, every uploaded model entry) to this L2 norm C, then add Gaussian noise z C to the sum of "
+               "the updates and divide by the expected number of clients (every client weighs 1); clients are then "
+               "sampled independently with probability --fraction; needs the privacy extra (Opacus' accountant)",
+               minimum=0, above=True, zero="no client-level DP"),
+        Option("dp_noise", float, None, "the noise multiplier z (or give --dp-epsilon)", minimum=0, above=True),
+        Option("dp_epsilon", float, None, "target epsilon after --rounds: z is the least noise that reaches it "
+               "(Opacus' RDP accountant of the sampled Gaussian mechanism); config.json records both", minimum=0,
+               above=True),
+        Option("dp_delta", float, None, "delta of the guarantee (default 1/N, N the training clients)", minimum=0,
+               above=True, maximum=1, below=True),
+        Option("dp_mode", str, "central", "central: rank 0 (trusted) adds the noise to the sum; local: each client "
+               "adds its own before upload", choices=("central", "local")),
+        Option("dp_clipping", str, "fixed", "fixed: C throughout; adaptive: C tracks the --dp-quantile of the "
+               "update norms (Andrew et al., NeurIPS 2021)", choices=("fixed", "adaptive")),
+        Option("dp_quantile", float, 0.5, "adaptive clipping's target share gamma of updates left unclipped",
+               minimum=0, above=True, maximum=1, below=True),
+        Option("dp_clip_lr", float, 0.2, "adaptive clipping's step eta_C: C <- C exp(-eta_C (b - gamma))",
+               minimum=0, above=True),
+        Option("dp_count_noise", float, 0.0, "adaptive clipping's noise sigma_b on the count of unclipped updates",
+               minimum=0, above=True, zero="m/20, m the expected clients per round"),
+    ),
     *_group("Run directory, checkpoints and failures",
         Option("out", str, None, "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one "
                "run: a directory holding a run's files or another run's directory, inside another run's, or in use by "
@@ -408,6 +431,10 @@ ACTS_ONLY = (
     ("input_norm", lambda cfg: cfg.aug == "none", "with --aug none (another --aug normalizes with client statistics)"),
     ("aug_stats", lambda cfg: cfg.aug != "none", "with --aug norm, fedrdn or fedrdn-v (client statistics)"),
     ("aug_draw", lambda cfg: cfg.aug == "fedrdn", "with --aug fedrdn (its draws)"),
+    *((name, lambda cfg: cfg.dp_clip > 0, "with --dp-clip (client-level DP)")
+      for name in ("dp_noise", "dp_epsilon", "dp_delta", "dp_mode", "dp_clipping")),
+    *((name, lambda cfg: cfg.dp_clipping == "adaptive", "with --dp-clipping adaptive")
+      for name in ("dp_quantile", "dp_clip_lr", "dp_count_noise")),
 )
 
 
@@ -418,8 +445,7 @@ def check_acting(cfg: RunConfig, given: Mapping[str, Any]) -> None:
     for name, acts, where in ACTS_ONLY:
         if name in given and getattr(cfg, name) != getattr(defaults, name) and not acts(cfg):
             flag = "--" + name.replace("_", "-")
-            raise MpiflError(f"{flag} {getattr(cfg, name)} acts only {where}, and this run has --aug {cfg.aug}; "
-                             f"drop {flag}")
+            raise MpiflError(f"{flag} {getattr(cfg, name)} acts only {where}, which this run is not; drop {flag}")
 
 
 def check(cfg: RunConfig, options: tuple[Option, ...] = RUN_OPTIONS) -> None:
@@ -438,6 +464,8 @@ def check(cfg: RunConfig, options: tuple[Option, ...] = RUN_OPTIONS) -> None:
         (not (cfg.num_clients and cfg.clients_per_domain > 1),
          "give either --num-clients or --clients-per-domain, not both"),
         (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
+        (not cfg.dp_clip or cfg.dp_noise is not None or cfg.dp_epsilon is not None,
+         "--dp-clip needs --dp-noise (the noise multiplier) or --dp-epsilon (a target the noise is chosen for)"),
     ]
     for ok, message in rules:
         if not ok:

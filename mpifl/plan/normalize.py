@@ -136,7 +136,7 @@ def channel_stats(chunks: Iterable[torch.Tensor], channels: int) -> torch.Tensor
 def stats_spec(channels: int) -> TensorSpec:
     """One client's statistics, as exchanged once before training."""
     return TensorSpec("fedrdn.stats", (2, channels), torch.float64,
-                      derived="per-channel mean and std of the client's training images")
+                      derived="per-channel mean and std of the client's training images", exposes="data statistics")
 
 
 class Normalizer:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP = 1, 2, 3, 4, 5, 6, 7
+_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP, _DP_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
@@ -26,6 +26,27 @@ def sample_clients(seed: int, round_index: int, num_clients: int, fraction: floa
         return np.arange(num_clients)
     rng = np.random.default_rng(_sequence(seed, _SAMPLING, round_index))
     return np.sort(rng.choice(num_clients, size=count, replace=False))
+
+
+def poisson_clients(seed: int, round_index: int, num_clients: int, rate: float) -> np.ndarray:
+    """Participating client ids of a round, ascending: each of N independently with probability ``rate`` (Poisson
+    sampling, which the sampled Gaussian mechanism's accounting assumes; a round may have none)."""
+    if rate >= 1.0:
+        return np.arange(num_clients)
+    rng = np.random.default_rng(_sequence(seed, _SAMPLING, round_index, 1))
+    return np.flatnonzero(rng.random(num_clients) < rate)
+
+
+def dp_noise_rng(seed: int, round_index: int) -> np.random.Generator:
+    """numpy generator of the Gaussian noise rank 0 adds to a round's sums (client-level DP)."""
+    return np.random.default_rng(_sequence(seed, _DP_NOISE, round_index))
+
+
+def dp_client_generator(seed: int, client: int, round_index: int, device: torch.device) -> torch.Generator:
+    """torch generator, on ``device``, of the noise one client adds to its round's update (local DP)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(_sequence(seed, _DP_NOISE, round_index, client + 1).generate_state(1, np.uint64)[0] >> 1))
+    return generator
 
 
 def client_rng(seed: int, client: int, round_index: int) -> np.random.Generator:

@@ -163,7 +163,7 @@ class MetricsLog:
         """``summary.csv`` and ``summary.md``; the latter's text."""
         self.run_dir.check()  # first: a run whose directory is gone stops with that line, whatever its records
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
-        markdown = summary_markdown(rows)
+        markdown = summary_markdown(rows) + privacy_line(self.records)
         self.run_dir.write_summaries(rows, markdown)
         return markdown
 
@@ -243,6 +243,16 @@ def summary_markdown(rows: list[dict]) -> str:
                   for r in mine]
         lines.append("")
     return "\n".join(lines)
+
+
+def privacy_line(records: list[dict]) -> str:
+    """summary.md's statement of the run's guarantee, from its last record ("" without one)."""
+    spent = records[-1].get("privacy") if records else None
+    if not spent:
+        return ""
+    return (f"privacy: client-level DP ({spent['mode']}), epsilon {spent['epsilon']:.4g} at delta {spent['delta']:.3g} "
+            f"after round {records[-1]['round']} (Opacus RDP accountant; noise multiplier {spent['noise_multiplier']:.4g}, "
+            f"clip {spent['clip']:.4g}); docs/privacy.md states the threat model\n")
 
 
 def fold_summary(fold_dirs: dict[str, Path]) -> str:

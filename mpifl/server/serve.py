@@ -57,6 +57,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
                   for h, ids in enumerate(session.placement)]
     if session.pretrained:
         log_lines.append(session.pretrained.summary())
+    if session.privacy.describe():
+        log_lines.append(session.privacy.describe())
     for line in log_lines:
         (_err if line.startswith("mpifl: warning") else print)(line)
     run_dir.log("".join(line + "\n" for line in log_lines))  # at once: a job killed later still leaves who ran where

@@ -66,9 +66,9 @@ class Server:
         self.run_dir, self.resumed, self.stop = run_dir, resumed, stop or StopRequest()
         self.threads = threads  # each client rank's torch threads, for the checkpoints
         self.tracked = tracked  # each live tracker's run (--track), for the checkpoints
-        self.algo = session.algo
+        self.algo, self.privacy = session.algo, session.privacy
         self.protocol = RoundProtocol(session, start=resumed.round if resumed else 0)
-        self.state = load_server(run_dir.path, resumed) if resumed else self.algo.init_server(session.initial)
+        self.state = load_server(run_dir.path, resumed) if resumed else self._new_state()
         self.stopped_by: str | None = None  # the signal that stopped the run early, if one did ('SIGTERM on rank 2')
         self.stopped_after = 0  # and the last round it completed
         self.down_buffer = ReusedBuffer()
@@ -90,14 +90,14 @@ class Server:
             down = self.down_buffer.get(messages.down.nbytes)
             waiting, moving = self.comm.seconds_waiting, self.comm.seconds_moving
             polling = self.comm.cpu_seconds_waiting
-            messages.pack_down(header, self.algo.download(self.state), out=down)
+            messages.pack_down(header, self.algo.download(self.state) | self.privacy.download(self.state), out=down)
             self.comm.bcast(down)
             plan = self.protocol.plan(header, messages)
             self.receiving_seconds = 0.0
             early = bool(plan.sampled) and not self.algo.reductions_need_results
             fold_started = time.perf_counter()
             if early:  # while the clients train
-                sums = self._fold(messages, plan, self.algo.reductions(self.state, self._planned(plan)))
+                sums = self._fold(messages, plan, self._reductions(self._planned(plan)))
             early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
@@ -125,18 +125,29 @@ class Server:
             aggregated_from = time.perf_counter()
             self.algo.prepare(self.state, uploads)
             if not early:
-                sums = self._fold(messages, plan, self.algo.reductions(self.state, uploads))
+                sums = self._fold(messages, plan, self._reductions(uploads))
             uploads.sums = sums
+            self.privacy.release(self.state, sums, uploads.clients, r)
             self.algo.aggregate(self.state, uploads)
+            spent = self.privacy.record(self.state)  # the accountant's step is the aggregation's too
             finished = time.perf_counter()
             seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
-            self.log.add_round(self._record(r, messages, uploads, seconds, reports, plan, down.nbytes, {
+            self.log.add_round(self._record(r, messages, uploads, seconds, reports, plan, down.nbytes, spent, {
                 "round": finished - started, "communication": self.comm.seconds_moving - moving,
                 "waiting": self.comm.seconds_waiting - waiting, "waiting_cpu": self.comm.cpu_seconds_waiting - polling,
                 "aggregation": early_folding + finished - aggregated_from - self.receiving_seconds}),
                 awaits_eval=self.protocol.evaluates_round(r))
             if not self.protocol.evaluates_round(r):  # an evaluated round is reported when its evaluation arrives
                 self._report_progress(r)
+
+    def _new_state(self):
+        state = self.algo.init_server(self.session.initial)
+        self.privacy.init_server(state)
+        return state
+
+    def _reductions(self, uploads: Uploads) -> dict[str, Reduction]:
+        """The sums to fold: the method's, as the privacy mechanism makes them."""
+        return self.privacy.reductions(self.algo.reductions(self.state, uploads), uploads.clients)
 
     def _report_progress(self, r: int) -> None:
         """Round r is complete: the progress line and log.txt, with the newest mean test accuracy known."""
@@ -198,13 +209,13 @@ class Server:
         return folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],
-                plan: RoundPlan, down_bytes: int, server_seconds: dict) -> dict:
+                plan: RoundPlan, down_bytes: int, spent: dict | None, server_seconds: dict) -> dict:
         k, meta = len(uploads.clients), uploads.meta
         seen = meta["seen"].sum()
         by_rank = {name: seconds[field].tolist() for name, field in RANK_FIELDS}
         slowest = {name: max(by_rank[name], default=0.0) for name in ("compute", "evaluation", "data")}
         train = {"loss": float(meta["loss_sum"].sum() / seen),
-                 self.algo.task.metric: float(meta["correct"].sum() / seen)}
+                 self.algo.task.metric: float(meta["correct"].sum() / seen)} if seen else {}  # none took part
         if self.algo.selection == "local-val":
             train["local_val_acc"] = local_val_acc(meta)
         return {
@@ -218,4 +229,4 @@ class Server:
             "rank_seconds": by_rank,
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports],
                        "peak_gpu": [0] + [int(report["rank.peak_gpu"]) for report in reports]},
-        }
+        } | ({"privacy": spent} if spent else {})

@@ -24,8 +24,9 @@ from ..plan.clients import SPLITS, ClientSpec, make_clients
 from ..plan.config import RunConfig
 from ..plan.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..plan.placement import place_clients
-from ..plan.seeding import sample_clients, seed_model_init
+from ..plan.seeding import poisson_clients, sample_clients, seed_model_init
 from ..plan.task import task_of
+from ..privacy import Privacy, privacy_of
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
 from .evaluation import EvalPlan, plan_evaluation
@@ -41,6 +42,7 @@ class Session:
     initial: dict[str, torch.Tensor]  # seeded initial model state, identical on every rank
     inputs: InputNormalization  # --aug: how clients normalize their images
     pretrained: PretrainedLoad | None = None  # what --pretrained loaded into the initial model
+    privacy: Privacy = field(default_factory=Privacy)  # the run's privacy mechanism (mpifl.privacy)
     _messages: dict[int, Messages] = field(default_factory=dict)
     _evaluations: dict[int, EvalPlan] = field(default_factory=dict)
 
@@ -48,8 +50,12 @@ class Session:
         """Wire layouts of the algorithm's current phase (built once per phase)."""
         phase = self.algo.phase
         if phase not in self._messages:
-            self._messages[phase] = Messages(self.algo.policy(), self.evaluation().personal_kinds)
+            self._messages[phase] = Messages(self.policy(), self.evaluation().personal_kinds)
         return self._messages[phase]
+
+    def policy(self):
+        """The wire manifest of the algorithm's current phase, with the privacy mechanism's tensors."""
+        return self.privacy.policy(self.algo.policy())
 
     def evaluation(self) -> EvalPlan:
         """Who evaluates what in the algorithm's current phase (built once per phase)."""
@@ -74,9 +80,10 @@ class Session:
         return np.array([c.id for c in self.clients if c.trains], dtype=np.int64)
 
     def sampled(self, round_index: int) -> np.ndarray:
-        """The round's participants: a seeded sample of the training clients, ascending."""
-        return self.training_ids[sample_clients(self.cfg.seed, round_index, len(self.training_ids),
-                                                self.cfg.fraction)]
+        """The round's participants: a seeded sample of the training clients, ascending (Poisson sampling under a
+        privacy mechanism whose accounting assumes it)."""
+        draw = poisson_clients if self.privacy.samples_poisson else sample_clients
+        return self.training_ids[draw(self.cfg.seed, round_index, len(self.training_ids), self.cfg.fraction)]
 
     @cached_property
     def domain_of(self) -> dict[int, str]:
@@ -121,9 +128,10 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                          "(its private layers do not exist for an unseen domain); drop --holdout or pick another "
                          "--algo")
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
+    inputs = InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed)
+    privacy = privacy_of(cfg, algo, [inputs.setup_exchange(), algo.setup_exchange()])
     return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed),
-                   pretrained=pretrained)
+                   inputs=inputs, pretrained=pretrained, privacy=privacy)
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:

@@ -39,6 +39,9 @@ _NUMPY_DTYPE = {
 
 
 ALIGN = 8  # the largest item size: what a layout's size is rounded up to
+#: what a tensor on the wire is computed from, beyond the model's weights ("") and their updates
+DATA_DERIVED = ("data statistics", "images or spectra", "prototypes", "scores")
+EXPOSES = ("",) + DATA_DERIVED
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,21 @@ class TensorSpec:
 
     ``derived``: what of a client's data the tensor is computed from (image or feature statistics, mean
     images, prototypes, spectra, styles), which ``--show-manifest`` marks; empty for model parameters and
-    their updates.  It is a label only: two specs that differ in it alone are equal.
+    their updates.  ``exposes``: its kind among :data:`EXPOSES` (a data-derived tensor names one; else it is
+    model weights going down, a model update going up).  Both are labels only: two specs that differ in them
+    alone are equal.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     derived: str = field(default="", compare=False)
+    exposes: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.exposes not in EXPOSES or bool(self.derived) != (self.exposes in DATA_DERIVED):
+            raise TypeError(f"tensor {self.name}: a data-derived tensor says what it exposes, one of "
+                            f"{', '.join(DATA_DERIVED)}, and only it (got {self.exposes!r})")
 
     @property
     def numel(self) -> int:

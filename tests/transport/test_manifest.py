@@ -17,7 +17,7 @@ from ..conftest import run_here
 
 def test_data_derived_tensors_are_marked_and_parameters_are_not():
     weight = TensorSpec("fc.weight", (4, 2), torch.float32)
-    stats = TensorSpec("x.stats", (2, 3), torch.float32, derived="channel means")
+    stats = TensorSpec("x.stats", (2, 3), torch.float32, derived="channel means", exposes="data statistics")
     text = format_manifest("demo", SharePolicy(download=[weight], upload=[weight, stats], private=[]), 2,
                            setup=[stats_spec(3)], training_clients=5)
     lines = text.splitlines()
@@ -25,6 +25,15 @@ def test_data_derived_tensors_are_marked_and_parameters_are_not():
     assert [l.endswith("data-derived: channel means") for l in lines if "x.stats" in l] == [True]
     assert all("data-derived" not in l for l in lines if "fc.weight" in l)
     assert stats == TensorSpec("x.stats", (2, 3), torch.float32)  # a label, not part of the spec's identity
+
+
+def test_a_data_derived_tensor_names_what_it_exposes_and_a_model_tensor_does_not():
+    with pytest.raises(TypeError, match="says what it exposes"):
+        TensorSpec("x.stats", (2,), torch.float32, derived="channel means")
+    with pytest.raises(TypeError, match="says what it exposes"):
+        TensorSpec("fc.weight", (2,), torch.float32, exposes="prototypes")
+    with pytest.raises(TypeError, match="says what it exposes"):
+        TensorSpec("x.stats", (2,), torch.float32, derived="channel means", exposes="secrets")
 
 
 def test_running_statistics_are_marked_in_every_policy_and_trained_parameters_never():

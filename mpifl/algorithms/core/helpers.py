@@ -81,7 +81,9 @@ class AlgorithmHelpers:
     def entry_spec(self, entry: StateEntry, name: str = "") -> TensorSpec:
         """A model entry as it crosses the wire (under ``name``, default its key), marked data-derived
         when it is a statistic of the client's features rather than a trained parameter."""
-        return TensorSpec(name or entry.key, entry.shape, entry.dtype, derived=self.derived_from_data(entry))
+        derived = self.derived_from_data(entry)
+        return TensorSpec(name or entry.key, entry.shape, entry.dtype, derived=derived,
+                          exposes="data statistics" if derived else "")
 
     def downloads_head(self) -> bool:
         """Whether this phase's download holds every classifier entry (what the guiding regularizer needs)."""

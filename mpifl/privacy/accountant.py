@@ -1,0 +1,55 @@
+"""The privacy accountant: Renyi DP of the sampled Gaussian mechanism (Mironov, Talwar & Zhang, "Renyi Differential
+Privacy of the Sampled Gaussian Mechanism", 2019), Opacus' ``RDPAccountant`` with its default orders.
+
+A mechanism's history is a list of (noise multiplier z, sampling rate q, steps), the accountant's whole state: it
+is what a checkpoint keeps (:func:`history_tensor`), so a resumed run goes on from the same epsilon.  Every number
+here comes from Opacus; nothing is computed by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ..errors import MpiflError
+
+
+def opacus(flag: str):
+    """The ``opacus`` package, or one line naming the extra that brings it (``flag``: the option that needs it)."""
+    try:
+        return importlib.import_module("opacus")
+    except ImportError:
+        raise MpiflError(f"{flag} needs Opacus (its privacy accountant): pip install -e \".[privacy]\" "
+                         "(or pip install 'mpifl[privacy]')") from None
+
+
+def epsilon(history: list[tuple[float, float, int]], delta: float, flag: str) -> float:
+    """epsilon at ``delta`` of the compositions in ``history`` [(z, q, steps)] (0 for an empty history)."""
+    accountant = opacus(flag).accountants.RDPAccountant()
+    accountant.history = [(float(z), float(q), int(steps)) for z, q, steps in history if steps]
+    return float(accountant.get_epsilon(delta)) if accountant.history else 0.0
+
+
+def noise_for(target: float, delta: float, rate: float, steps: int, flag: str) -> float:
+    """The least noise multiplier (Opacus' bisection, within 1 % of ``target``) whose ``steps`` compositions at
+    sampling rate ``rate`` reach epsilon <= ``target`` at ``delta``."""
+    utils = importlib.import_module(opacus(flag).__name__ + ".accountants.utils")
+    return float(utils.get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=rate, steps=steps,
+                                            accountant="rdp", epsilon_tolerance=0.01 * target))
+
+
+def add_step(history: list[tuple[float, float, int]], z: float, q: float) -> list[tuple[float, float, int]]:
+    """``history`` with one more composition at (z, q), merged into the last entry when it has the same (z, q)."""
+    if history and history[-1][:2] == (z, q):
+        return history[:-1] + [(z, q, history[-1][2] + 1)]
+    return history + [(z, q, 1)]
+
+
+def history_tensor(history: list[tuple[float, float, int]]) -> torch.Tensor:
+    """``history`` as a float64 (n, 3) tensor, for a checkpoint (steps are exact in float64 below 2^53)."""
+    return torch.tensor(history, dtype=torch.float64).reshape(-1, 3)
+
+
+def history_of(tensor: torch.Tensor) -> list[tuple[float, float, int]]:
+    return [(float(z), float(q), int(steps)) for z, q, steps in tensor.tolist()]
