@@ -8,8 +8,10 @@ here comes from Opacus; nothing is computed by hand.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
+import numpy as np
 import torch
 
 from ..errors import MpiflError
@@ -25,10 +27,25 @@ def opacus(flag: str):
 
 
 def epsilon(history: list[tuple[float, float, int]], delta: float, flag: str) -> float:
-    """epsilon at ``delta`` of the compositions in ``history`` [(z, q, steps)] (0 for an empty history)."""
-    accountant = opacus(flag).accountants.RDPAccountant()
-    accountant.history = [(float(z), float(q), int(steps)) for z, q, steps in history if steps]
-    return float(accountant.get_epsilon(delta)) if accountant.history else 0.0
+    """epsilon at ``delta`` of the compositions in ``history`` [(z, q, steps)] (0 for an empty history): what
+    Opacus' ``RDPAccountant.get_epsilon`` computes, its orders' RDP of one step cached per (z, q) (Opacus multiplies
+    one step's RDP by the steps, so the sum is the same), which keeps rank 0's round free of the series."""
+    analysis = importlib.import_module(opacus(flag).__name__ + ".accountants.analysis.rdp")
+    steps = [(float(z), float(q), int(n)) for z, q, n in history if n]
+    if not steps:
+        return 0.0
+    rdp = sum(np.asarray(_step_rdp(z, q, flag)) * n for z, q, n in steps)
+    return float(analysis.get_privacy_spent(orders=_orders(flag), rdp=rdp, delta=delta)[0])
+
+
+def _orders(flag: str) -> list[float]:
+    return opacus(flag).accountants.RDPAccountant.DEFAULT_ALPHAS
+
+
+@functools.lru_cache(maxsize=64)
+def _step_rdp(z: float, q: float, flag: str) -> tuple[float, ...]:
+    analysis = importlib.import_module(opacus(flag).__name__ + ".accountants.analysis.rdp")
+    return tuple(analysis.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=_orders(flag)))
 
 
 def noise_for(target: float, delta: float, rate: float, steps: int, flag: str) -> float:
