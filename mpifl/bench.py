@@ -204,6 +204,26 @@ def tracking_summary(rounds: list[dict], costs: list[dict | None], untracked: fl
             "share_of_round": sum(cpu.values()) / untracked}
 
 
+def compared_summary(rounds: list[dict], plain: list[dict]) -> dict:
+    """``--compare``'s runs' rounds against the plain runs' (``plain``): median seconds per round and their ratio,
+    the ratio of the fastest rounds, and the median split."""
+    seconds = statistics.median(r["seconds"]["round"] for r in rounds)
+    return {"seconds_per_round": seconds,
+            "ratio_to_plain": seconds / statistics.median(r["seconds"]["round"] for r in plain),
+            "ratio_of_fastest_rounds": (min(r["seconds"]["round"] for r in rounds)
+                                        / min(r["seconds"]["round"] for r in plain)),
+            "split": {f: statistics.median(r["seconds"][f] for r in rounds) for f in SPLIT},
+            "rounds_measured": [r["seconds"]["round"] for r in rounds]}
+
+
+def compare_options(text: str) -> list[str]:
+    """``--compare``'s options as mpifl.run's arguments; a string a shell would not split is one line."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise MpiflError(f"--compare {text}: {exc}; quote it as a shell would") from None
+
+
 def run_arguments(data_root: str, data: str, model_name: str, rounds: int, epochs: int, batch_size: int, lr: float,
                   threads: int, clients_per_domain: int, samples_per_client: int, device: str, eval_every: int = 0,
                   extra: tuple[str, ...] = ()) -> list[str]:
@@ -468,7 +488,7 @@ def write_new(target: ResultFile, text: str) -> Path:
 CASE_OPTIONS = {
     "cross-silo": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
                    "device", "rounds", "repeats", "local_epochs", "batch_size", "lr", "threads", "algo",
-                   "eval_every", "mpirun", "fold_threads", "track"),
+                   "eval_every", "mpirun", "fold_threads", "track", "compare"),
     "many-clients": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks",
                      "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
                      "private_memory", "mpirun"),
@@ -674,13 +694,17 @@ class BenchCommand(click.Command):
               help="cross-silo: also run each way over MPI with mpifl.run's --track TRACKERS, in turn with the "
                    "untracked runs, and report its seconds per round beside them and the trackers' CPU per round "
                    "(from each run's log.txt) as a share of a round")
+@click.option("--compare", default=None,
+              help="cross-silo: more options of mpifl.run, one quoted string (e.g. '--dp-clip 1 --dp-noise 1'): each "
+                   "way over MPI also runs with them, in turn with the plain runs, and their seconds per round, ratio "
+                   "to the plain runs' and split are reported beside them")
 @click.option("--json-out", default=None,
               help="a new file for the results (one that exists is refused), or a folder to make a new "
                    "<case>-<time>.json in (default: runs/bench under the working folder)")
 @click.pass_context
 def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
-         fold_threads, fold_clients, fold_mb, track, json_out):
+         fold_threads, fold_clients, fold_mb, track, compare, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
     memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  Every option is
     checked before anything runs; the table is printed, then the results go into a new JSON file."""
@@ -732,6 +756,11 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     run_args = run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
                              clients_per_domain, samples_per_client, device, eval_every, tracked_extra or extra)
     session = checked_session(run_args, ranks[-1])
+    compared_extra = (*extra, *compare_options(compare)) if compare else None
+    if compare:
+        checked_session(run_arguments(data_root, data, model_name, rounds, local_epochs, batch_size, lr, threads,
+                                      clients_per_domain, samples_per_client, device, eval_every, compared_extra),
+                        ranks[-1])
     if track:
         check_installed(session.cfg)
     target = result_file(json_out, case, started)
@@ -743,6 +772,7 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     sizes = [c.num_train for c in session.clients]
     bare, sims, in_process, placed = [], {k: [] for k in ranks}, [], {k: [] for k in ranks[1:]}
     tracked, costs = {k: [] for k in ranks}, {k: [] for k in ranks}  # --track: rounds, tracking_cost of each run
+    compared = {k: [] for k in ranks}  # --compare: rounds
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             bare += bare_round_seconds(session, rounds, local_epochs, batch_size, lr, threads or cores,
@@ -760,6 +790,10 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                                                    samples_per_client, device, out, eval_every, tracked_extra,
                                                    mpirun)[1:]
                     costs[k].append(tracking_cost((out / LOG).read_text()))
+                if compare:
+                    compared[k] += simulator_rounds(k, data_root, *workload, threads, clients_per_domain,
+                                                    samples_per_client, device, Path(tmp) / f"ranks{k}-{repeat}-with",
+                                                    eval_every, compared_extra, mpirun)[1:]
             in_process += simulator_rounds(None, data_root, *workload, threads, clients_per_domain,
                                            samples_per_client, device, Path(tmp) / f"in-process-{repeat}", eval_every,
                                            extra)[1:]
@@ -809,6 +843,9 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                                for k, v in sims.items()},
                             "in_process": wire_bytes(session, in_process[-1]["bytes"], 1, last_evaluated)},
     }
+    if compare:
+        result["compared"] = {"options": compare, **{f"{k}_ranks": compared_summary(compared[k], sims[k])
+                                                     for k in ranks}}
     if track:
         result["tracking"] = {"track": track, **{f"{k}_ranks": tracking_summary(tracked[k], costs[k], sim_s[k])
                                                  for k in ranks}}
@@ -838,6 +875,12 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
                      f"{summary['ratio_to_untracked']:5.3f}x untracked; CPU per round of the round loop and the "
                      "trackers' threads " + ", ".join(f"{n} {1000 * s:.1f} ms" for n, s in summary["cpu"].items())
                      + f": {summary['share_of_round']:.2%} of an untracked round")
+    for k in ranks if compare else ():
+        summary = result["compared"][f"{k}_ranks"]
+        lines.append(f"  with {compare}, {k} client rank(s): {summary['seconds_per_round']:.3f} s/round, "
+                     f"{summary['ratio_to_plain']:5.3f}x the plain runs (fastest rounds "
+                     f"{summary['ratio_of_fastest_rounds']:5.3f}x); split "
+                     + ", ".join(f"{n} {v:.3f}s" for n, v in summary["split"].items()))
     if on_gpu:
         for k in ranks:
             peaks = result["peak_gpu_bytes_per_client_rank"][f"{k}_ranks"]

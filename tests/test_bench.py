@@ -240,6 +240,8 @@ def test_every_fold_option_is_checked_in_one_line_before_anything_runs(nothing_r
     (["--mpirun", "/nonexistent/mpirun -n"], "/nonexistent/mpirun is not a program found here"),
     (["--mpirun", "mpirun 'x"], "No closing quotation"),
     (["--fractions", "0.5"], "--case cross-silo does not read --fractions"),
+    (["--compare", "--dp-clip -1 --dp-noise 1"], "--dp-clip must be > 0"),
+    (["--compare", "--dp-clip 'x"], "No closing quotation"),
     (["--case", "many-clients", "--client-ranks", "1,2"], "2 values; --case many-clients runs with one count"),
     (["--case", "many-clients", "--algos", "fedavg,bogus"], "--algos fedavg,bogus: 'bogus' is not a method"),
     (["--case", "many-clients", "--fractions", "0.1,nan"], "'nan' is not in (0, 1]"),
@@ -300,3 +302,14 @@ def test_tracking_is_summed_per_round_and_set_against_an_untracked_round():
     assert summary["seconds_per_round"] == 2.1 and summary["ratio_to_untracked"] == pytest.approx(1.05)
     assert summary["cpu"] == pytest.approx({"round loop": 2e-4, "mlflow": 0.009, "tensorboard": 0.0006})
     assert summary["share_of_round"] == pytest.approx((2e-4 + 0.009 + 0.0006) / 2.0)
+
+
+def test_compared_runs_are_set_against_the_plain_ones_median_and_fastest():
+    from mpifl.bench import SPLIT, compared_summary
+
+    def rounds(*seconds):
+        return [{"seconds": {"round": s, **{f: s / 10 for f in SPLIT}}} for s in seconds]
+
+    summary = compared_summary(rounds(2.2, 2.0, 3.0), rounds(2.0, 1.0, 4.0))
+    assert summary["seconds_per_round"] == 2.2 and summary["ratio_to_plain"] == pytest.approx(1.1)
+    assert summary["ratio_of_fastest_rounds"] == 2.0 and summary["split"]["compute"] == pytest.approx(0.22)
