@@ -59,37 +59,43 @@ MARGIN = 1.0 - 2.0 ** -20  # of the clip factor: float32 rounding of the scaled 
 FLAG = "--dp-clip"
 
 
-def refusal(algo: Algorithm, exchanges: list[TensorSpec | None]) -> str | None:
-    """Why client-level DP cannot bound what ``algo``'s server rule releases (one line), or None."""
+def refusal(algo: Algorithm, exchanges: list[TensorSpec | None]) -> tuple[str, str] | None:
+    """Why client-level DP cannot bound what ``algo``'s server rule releases: (a few words for docs/privacy.md's
+    table, the one-line refusal), or None."""
     name = algo.name
     setup = [spec for spec in exchanges if spec is not None]
     if setup:
         what = setup[0].derived or setup[0].name
-        return (f"{FLAG}: --algo {name} (or --aug) exchanges {setup[0].name} ({what}) once before round 1, outside "
-                "the rounds' clipped and noised updates, so no guarantee would cover it; drop the option that makes "
-                "the exchange, or pick a method without one")
+        return "a one-time exchange", (
+            f"{FLAG}: --algo {name} (or --aug) exchanges {setup[0].name} ({what}) once before round 1, outside the "
+            "rounds' clipped and noised updates, so no guarantee would cover it; drop the option that makes the "
+            "exchange, or pick a method without one")
     if not algo.uploaded_keys:
-        return f"{FLAG}: --algo {name} uploads no model entry, so there is no update to make private; drop {FLAG}"
-    extra = [spec.name for spec in algo.extra_upload()]
-    if extra or algo.gathered_keys():
-        named = ", ".join(extra or algo.gathered_keys())
-        return (f"{FLAG}: --algo {name} uploads {named} beyond the model, which its server rule reads client by "
-                f"client, so rank 0 would release what the clipped update does not bound; pick a method whose rule "
-                "is a mean of the model (fedavg, fedprox, fedbn, fedavgm, fedadam ...)")
+        return "uploads no model entry", (f"{FLAG}: --algo {name} uploads no model entry, so there is no update to "
+                                          f"make private; drop {FLAG}")
+    extra = [spec.name for spec in algo.extra_upload()] or algo.gathered_keys()
+    if extra:
+        return "uploads beyond the model", (
+            f"{FLAG}: --algo {name} uploads {', '.join(extra)} beyond the model, which its server rule reads client "
+            "by client, so rank 0 would release what the clipped update does not bound; pick a method whose rule is "
+            "a mean of the model (fedavg, fedprox, fedbn, fedavgm, fedadam ...)")
     if algo.reductions_need_results:
-        return (f"{FLAG}: --algo {name} weighs the uploads by what training returned, so the clients' weights "
-                "cannot be the fixed ones the noise is calibrated to; pick a method whose rule is a mean")
+        return "weights from training", (
+            f"{FLAG}: --algo {name} weighs the uploads by what training returned, so the clients' weights cannot be "
+            "the fixed ones the noise is calibrated to; pick a method whose rule is a mean")
     planned = Uploads(clients=np.zeros(1, dtype=np.int64), meta=np.ones(1, dtype=[("num_samples", np.int64)]),
                       tensors={})
     sums = algo.reductions(ServerState(model={}), planned)
     if set(sums) != set(algo.uploaded_keys) or any(r.upload != key for key, r in sums.items()):
         own = sorted(set(sums) - set(algo.uploaded_keys))
-        return (f"{FLAG}: --algo {name}'s server rule reads sums of its own ({', '.join(own[:2])}{' ...' * (len(own) > 2)}) "
-                "beyond each uploaded entry's mean, which the noise is not calibrated to; pick a method whose rule "
-                "is a mean")
+        return "sums of its own", (
+            f"{FLAG}: --algo {name}'s server rule reads sums of its own ({', '.join(own[:2])}"
+            f"{' ...' * (len(own) > 2)}) beyond each uploaded entry's mean, which the noise is not calibrated to; "
+            "pick a method whose rule is a mean")
     ints = [e.key for e in algo.entries if e.key in set(algo.uploaded_keys) and not e.dtype.is_floating_point]
     if ints:
-        return f"{FLAG}: --algo {name} uploads {ints[0]}, not a floating-point entry, which cannot take noise"
+        return "an integer upload", (f"{FLAG}: --algo {name} uploads {ints[0]}, not a floating-point entry, which "
+                                     "cannot take noise")
     return None
 
 
@@ -98,9 +104,9 @@ class ClientLevelDP(Privacy):
     privacy"), the same object on every rank."""
 
     def __init__(self, cfg: RunConfig, algo: Algorithm, training_clients: int, exchanges: list[TensorSpec | None]):
-        problem = refusal(algo, exchanges)
-        if problem:
-            raise MpiflError(problem)
+        refused = refusal(algo, exchanges)
+        if refused:
+            raise MpiflError(refused[1])
         accountant.opacus(FLAG)
         self.cfg, self.algo = cfg, algo
         self.local = cfg.dp_mode == "local"
@@ -118,8 +124,13 @@ class ClientLevelDP(Privacy):
                                  "noise is left for the update (Andrew et al., Theorem 1); raise --dp-count-noise or "
                                  "--fraction, or use --dp-clipping fixed")
             self.update_noise = (self.noise ** -2 - (2 * self.count_noise) ** -2) ** -0.5 if self.noise else 0.0
-        self.keys = list(algo.uploaded_keys)
-        self.variances = [e.key for e in algo.entries if e.key in set(self.keys) and e.attr == "running_var"]
+        self.variances = {e.key for e in algo.entries if e.attr == "running_var"}
+
+    @property
+    def keys(self) -> list[str]:
+        """The uploaded model entries of the method's current stage: the update (FixBN stops sending BN statistics
+        after its first stage)."""
+        return self.algo.uploaded_keys
 
     # ------------------------------------------------------------------ the wire
     def policy(self, policy: SharePolicy) -> SharePolicy:
@@ -151,7 +162,8 @@ class ClientLevelDP(Privacy):
         if self.local and self.noise:
             generator = dp_client_generator(self.cfg.seed, client, round_index, deltas[0].device)
             for d in deltas:
-                d.add_(torch.randn(d.shape, generator=generator, device=d.device, dtype=d.dtype), alpha=self.noise * clip)
+                noise = torch.randn(d.shape, generator=generator, device=d.device, dtype=d.dtype)
+                d.add_(noise, alpha=self.noise * clip)
         out = dict(upload)
         out.update(zip(self.keys, deltas))
         if self.adaptive:
@@ -186,8 +198,8 @@ class ClientLevelDP(Privacy):
             if scale:
                 total += rng.standard_normal(total.shape) * scale
             total += state.model[key].double().numpy()
-        for key in self.variances:  # noise may push a variance below 0; clamping is post-processing
-            np.maximum(sums[key], 0.0, out=sums[key])
+        for key in self.variances.intersection(self.keys):  # noise may push a variance below 0: clamped
+            np.maximum(sums[key], 0.0, out=sums[key])  # (post-processing)
         if self.adaptive:
             count = float(sums.get(UNCLIPPED, np.zeros(1))[0])
             if not self.local:
@@ -221,8 +233,8 @@ class ClientLevelDP(Privacy):
         where = ("each client adds the noise (local)" if self.local else "rank 0 adds the noise (central)")
         return (f"client-level DP: clip {self.cfg.dp_clip:g} ({self.cfg.dp_clipping}), noise multiplier "
                 f"{self.noise:g}, {where}; Poisson sampling at q = {self.cfg.fraction:g} of "
-                f"{len(self.algo.training_ids)} clients (m = {self.expected:g}); epsilon after {self.cfg.rounds} rounds "
-                f"{self.cfg.dp_epsilon:.4g} at delta {self.delta:.3g} (Opacus RDP accountant)")
+                f"{len(self.algo.training_ids)} clients (m = {self.expected:g}); epsilon after {self.cfg.rounds} "
+                f"rounds {self.cfg.dp_epsilon:.4g} at delta {self.delta:.3g} (Opacus RDP accountant)")
 
 
 def resolve_noise(cfg: RunConfig, training_clients: int) -> None:
@@ -240,5 +252,6 @@ def resolve_noise(cfg: RunConfig, training_clients: int) -> None:
                if cfg.dp_noise else math.inf)
     if cfg.dp_epsilon is not None and reached > cfg.dp_epsilon:
         raise MpiflError(f"--dp-noise {cfg.dp_noise:g} reaches epsilon {reached:.4g} after {cfg.rounds} rounds, past "
-                         f"--dp-epsilon {cfg.dp_epsilon:g} (config.json): give fewer --rounds or drop one of the two")
+                         f"--dp-epsilon {cfg.dp_epsilon:g}, the budget of the run: give fewer --rounds, or a larger "
+                         "--dp-epsilon in a new run")
     cfg.dp_epsilon = reached

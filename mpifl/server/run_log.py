@@ -251,8 +251,8 @@ def privacy_line(records: list[dict]) -> str:
     if not spent:
         return ""
     return (f"privacy: client-level DP ({spent['mode']}), epsilon {spent['epsilon']:.4g} at delta {spent['delta']:.3g} "
-            f"after round {records[-1]['round']} (Opacus RDP accountant; noise multiplier {spent['noise_multiplier']:.4g}, "
-            f"clip {spent['clip']:.4g}); docs/privacy.md states the threat model\n")
+            f"after round {records[-1]['round']} (Opacus RDP accountant; noise multiplier "
+            f"{spent['noise_multiplier']:.4g}, clip {spent['clip']:.4g}); docs/privacy.md states the threat model\n")
 
 
 def fold_summary(fold_dirs: dict[str, Path]) -> str:

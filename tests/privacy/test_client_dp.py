@@ -152,28 +152,28 @@ def test_bad_privacy_input_is_one_line_before_anything_is_written(data_root, tmp
     assert not (tmp_path / "run").exists()
 
 
-def test_every_method_is_supported_or_refused_in_one_line(data_root, style_model):
-    """Supported: a rule that is a mean of the uploaded model entries; refused, naming why, anything else."""
-    from mpifl.data import ensure_dataset
-    from mpifl.job.cli import configuration
-    from mpifl.session.session import make_session
-    manifest = ensure_dataset(data_root, "styledigits")
-    supported, refused = [], {}
-    for algo in sorted(ALGORITHMS):
-        cfg, _ = configuration(["--data-root", str(data_root), "--model", "smallcnn", "--algo", algo, "--dp-clip", "1",
-                            "--dp-noise", "1", *own_options(algo, style_model)])
-        try:
-            session = make_session(cfg, manifest, num_hosts=1)
-        except MpiflError as exc:
-            assert "\n" not in str(exc) and str(exc).startswith("--dp-clip: "), (algo, exc)
-            refused[algo] = str(exc)
-            continue
-        assert isinstance(session.privacy, ClientLevelDP)
-        supported.append(algo)
-    assert {"fedavg", "fedprox", "fedbn", "fedavgm", "fedadam", "fedwon", "fedavg-gn", "gperxan"} <= set(supported)
-    assert {"scaffold", "fedproto", "fedmix", "ccst", "elcfs", "feddyn", "fednova", "feddg-ga", "singleset",
-            "fedstein"} <= set(refused)
-    assert len(supported) + len(refused) == len(ALGORITHMS)
+SUPPORTED = {"fedavg", "fedprox", "fedbn", "fedavgm", "fedadam", "fedwon", "fedavg-gn", "gperxan", "fixbn"}
+REFUSED = {"scaffold", "fedproto", "fedmix", "ccst", "elcfs", "feddyn", "fednova", "feddg-ga", "singleset", "fedstein"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_every_method_runs_two_rounds_under_client_level_dp_or_is_refused_in_one_line(data_root, style_model,
+                                                                                       tmp_path, algo):
+    """Supported: a rule that is a mean of the uploaded model entries (FixBN past its stage change too); refused,
+    naming why, anything else, before anything is written."""
+    run = tmp_path / "run"
+    own = ("--fixbn-stage-rounds", "1") if algo == "fixbn" else own_options(algo, style_model)
+    job = run_here(*_args(data_root, run, "--algo", algo, "--rounds", "2", "--samples-per-client", "8",
+                          "--dp-clip", "1", "--dp-noise", "1", *own))
+    if job.returncode:
+        lines = job.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--dp-clip: --algo " in lines[0] and not run.exists(), job.stderr
+        assert algo not in SUPPORTED
+        return
+    assert algo not in REFUSED
+    records = read_metrics(run)
+    assert [r["privacy"]["epsilon"] > 0 for r in records] == [True, True]
 
 
 @pytest.mark.slow
