@@ -35,7 +35,8 @@ def methods_table(data_root: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         style = save_random_style_model(Path(tmp))
         for name in sorted(ALGORITHMS):
-            own = ["--style-model", str(style)] if any(o.name == "style_model" for o in get_algorithm(name).options) else []
+            takes_style = any(o.name == "style_model" for o in get_algorithm(name).options)
+            own = ["--style-model", str(style)] if takes_style else []
             cfg, _ = configuration(["--data-root", data_root, "--model", "smallcnn", "--algo", name, *own])
             session = make_session(cfg, ensure_dataset(data_root, "styledigits"), num_hosts=1)
             setup = [spec for spec in (e.setup_exchange() for e in session.exchanges) if spec is not None]

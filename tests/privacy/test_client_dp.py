@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from mpifl.algorithms import ALGORITHMS, ServerState, get_algorithm
-from mpifl.errors import MpiflError
 from mpifl.models import StateEntry
 from mpifl.plan.config import RunConfig
 from mpifl.plan.seeding import poisson_clients
-from mpifl.privacy import ClientLevelDP, privacy_of
+from mpifl.privacy import privacy_of
 from mpifl.privacy.client_dp import CLIP, HISTORY, UNCLIPPED
 
 from ..algorithms.helpers import own_options
