@@ -23,6 +23,7 @@ LAYERS = (
     ("plan",),
     ("algorithms.core",),
     ("algorithms",),
+    ("privacy",),
     ("session", "rundir", "presets"),
     ("client", "server"),
     ("job",),
