@@ -144,7 +144,8 @@ def load_run(path: str | Path) -> Run:
         cfg.update({k: coerce(k, v, CORE_TYPES[k]) for k, v in cfg.items() if k in CORE_TYPES and v is not None})
     except MpiflError as exc:
         raise MpiflError(f"{config}: {exc}; {fix}") from None
-    return Run(path=path, config=cfg, records=records)
+    # an option newer than the run takes its default, which is how the run ran: its configuration groups with today's
+    return Run(path=path, config={**{o.name: o.default for o in RUN_OPTIONS}, **cfg}, records=records)
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:

@@ -210,3 +210,19 @@ def test_a_report_folder_that_cannot_be_written_is_one_line_before_any_work(runs
     assert result.exit_code == 2 and result.output == (
         f"mpifl: error: cannot write into {run / 'report'}: {run / 'report'} is a file; pass --out DIR to write the "
         "report elsewhere\n")
+
+
+def test_a_run_from_before_an_option_existed_groups_with_one_at_its_default_and_dp_names_the_epsilon(tmp_path):
+    """A config.json without the client-level DP options (written before they existed) ran as their defaults say;
+    a DP run is its own configuration, labelled with its epsilon and delta."""
+    import json
+    old = write_run(tmp_path / "old", SEED0, [0.5, 0.6, 0.7], seed=0)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({k: v for k, v in config.items() if not k.startswith("dp_")}))
+    write_run(tmp_path / "new", SEED0, [0.5, 0.6, 0.7], seed=1)
+    write_run(tmp_path / "dp", SEED0, [0.5, 0.6, 0.7], seed=0, dp_clip=1.0, dp_noise=1.2, dp_epsilon=4.0,
+              dp_delta=0.1)
+    tables = build_tables(find_runs([tmp_path]))
+    by_label = {t.label: t for t in tables}
+    assert sorted(sorted(t.seeds) for t in tables) == [[0], [0, 1]]  # the old run and the new one together
+    assert any("dp_epsilon=4.0" in label and "dp_delta=0.1" in label for label in by_label)
