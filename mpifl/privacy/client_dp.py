@@ -156,7 +156,8 @@ class ClientLevelDP(Privacy):
         noise; adaptive, b_k)."""
         clip = float(download[CLIP][0])
         deltas = torch._foreach_sub([upload[k] for k in self.keys], [download[k] for k in self.keys])
-        norm = math.sqrt(sum(float(torch.linalg.vector_norm(d, dtype=torch.float64)) ** 2 for d in deltas))
+        norms = torch.stack([torch.linalg.vector_norm(d, dtype=torch.float64) for d in deltas])
+        norm = float(torch.linalg.vector_norm(norms))  # one wait for the device, whatever the entries
         if norm > clip:
             torch._foreach_mul_(deltas, clip / norm * MARGIN)
         if self.local and self.noise:
