@@ -29,6 +29,10 @@ rank 0 releases, with rank 0 trusted.  Local, each client's update is a Gaussian
 replaced update moves by up to 2C), unamplified (rank 0 sees who uploads), over the rounds the client took part in;
 the epsilon reported is the largest over the clients, and it holds against rank 0 too.
 
+The sample and the noise come from the run's seed, for runs that repeat bit for bit: the guarantee is that of
+the mechanism as simulated, for a deployment whose randomness its adversary cannot see (whoever knows the seed
+knows the sample and can subtract the noise).
+
 Rank 0 sees what the method's manifest sends (the clipped updates, individually, in the central mode): the
 guarantee is about what it releases.  A method whose server rule reads anything but each uploaded entry's mean
 (gathered tensors, sums of its own, results of training, a one-time exchange of data-derived tensors) is refused in
