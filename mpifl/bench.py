@@ -49,6 +49,9 @@ splits.
 runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the smallest (the clients of a
 round do not pass through rank 0's memory at once: aggregation is a reduction).
 
+``--case dp-sgd`` times one client's DP-SGD local training, mpifl's against a bare Opacus loop
+(:mod:`mpifl.privacy.cost`).
+
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
 ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of threads
 (:class:`~mpifl.server.folding.FoldThreads`: the caller's thread and pool threads), all at once and one client at
@@ -473,6 +476,8 @@ CASE_OPTIONS = {
                      "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
                      "private_memory", "mpirun"),
     "fold": ("fold_threads", "fold_clients", "fold_mb", "repeats"),
+    "dp-sgd": ("data", "data_root", "model_name", "samples_per_client", "device", "rounds", "local_epochs",
+               "batch_size", "lr", "threads", "algo"),
 }
 
 
@@ -610,6 +615,31 @@ def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[
     return counts
 
 
+def dp_sgd_case(ctx: click.Context, data_root: str, data: str, model_name: str, samples_per_client: int, device: str,
+                rounds: int, epochs: int, batch_size: int, lr: float, threads: int, algo: str, json_out: str | None,
+                started: str) -> None:
+    """``--case dp-sgd`` (:mod:`mpifl.privacy.cost`): one client, clip 1 and noise 1 (the cost depends on neither)."""
+    from .privacy.cost import dp_sgd_round_seconds, dp_sgd_table
+
+    if ctx.get_parameter_source("algo") is not ParameterSource.COMMANDLINE:
+        algo = "fedavg-gn"
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    run_args = run_arguments(data_root, data, model_name, rounds, epochs, batch_size, lr, threads or 1, 1,
+                             samples_per_client, "cuda" if on_gpu else "cpu",
+                             extra=("--algo", algo, "--dpsgd-clip", "1", "--dpsgd-noise", "1"))
+    session = checked_session(run_args, 1)
+    target = result_file(json_out, "dp-sgd", started)
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    measured = dp_sgd_round_seconds(session, rounds, torch.device("cuda", 0) if on_gpu else torch.device("cpu"))
+    result = {"machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
+                          "gpu": torch.cuda.get_device_name(0) if on_gpu else None, "torch": torch.__version__},
+              "data": data, "model": session.cfg.model, "algo": algo, "batch_size": batch_size,
+              "local_epochs": epochs, "device": "cuda:0" if on_gpu else "cpu", "threads": threads, **measured}
+    result["ratio_mpifl_to_bare"] = statistics.median(measured["mpifl"]) / statistics.median(measured["bare"])
+    publish(dp_sgd_table(result), result, target)
+
+
 class BenchCommand(click.Command):
     """Click's usage errors and every :class:`MpiflError` as :class:`OneLine`."""
 
@@ -627,10 +657,10 @@ class BenchCommand(click.Command):
 
 
 @click.command(cls=BenchCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold"]), default="cross-silo",
+@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold", "dp-sgd"]), default="cross-silo",
               show_default=True, help="cross-silo: the simulator's time against a bare loop; many-clients: time and "
-                                      "memory with many clients; fold: rank 0's fold alone (see the module's "
-                                      "docstring)")
+                                      "memory with many clients; fold: rank 0's fold alone; dp-sgd: a DP-SGD client's "
+                                      "local training against a bare Opacus loop (see the module's docstring)")
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
@@ -653,7 +683,8 @@ class BenchCommand(click.Command):
               help="torch threads per process: 0 = mpifl's automatic choice (the bare loop then uses every core); "
                    "1 measures how the simulator scales with ranks at a fixed per-rank cost")
 @click.option("--algo", default="fedavg", show_default=True,
-              help="cross-silo: the method mpifl runs (the bare loop is FedAvg's)")
+              help="cross-silo: the method mpifl runs (the bare loop is FedAvg's); dp-sgd: the same, fedavg-gn unless "
+                   "given (DP-SGD refuses batch statistics)")
 @click.option("--eval-every", default=0, show_default=True,
               help="cross-silo: evaluate every N rounds, in mpifl and the bare loop alike (0: after the last only)")
 @click.option("--algos", default="fedwon,scaffold,singleset", show_default=True,
@@ -699,9 +730,13 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
         return
     if eval_every < 0:
         raise MpiflError(f"--eval-every must be >= 0 (0: after the last round only), got {eval_every}")
-    check_mpirun(mpirun)
     check_device(device)
     data_root = str(data_root or default_data_root())
+    if case == "dp-sgd":
+        dp_sgd_case(ctx, data_root, data, model_name, samples_per_client, device, rounds, local_epochs, batch_size,
+                    lr, threads, algo, json_out, started)
+        return
+    check_mpirun(mpirun)
     if case == "many-clients":
         ranks = comma_list("--client-ranks", client_ranks or "2", whole_number(1),
                            "--case many-clients runs with one count of client ranks: give one, >= 1", most=1)

@@ -122,17 +122,19 @@ def _calibrated(epsilon: float, delta: float, rate: float, steps: int) -> float:
                          f"rate {rate:.4g} and delta {delta:.3g}; raise --dpsgd-epsilon or --dpsgd-delta") from None
 
 
-def epsilon_of(history: torch.Tensor, delta: float) -> float:
-    """epsilon at ``delta`` of an accountant history (:data:`HISTORY` rows)."""
-    return _accountant(history).get_epsilon(delta)
-
-
-def _accountant(history: torch.Tensor | None) -> RDPAccountant:
+def _accountant(rows: list[tuple[float, float, int]]) -> RDPAccountant:
+    """Opacus' RDP accountant with the history ``rows`` of (sigma, q, steps)."""
     accountant = RDPAccountant()
-    if history is not None:
-        rows = [(sigma, rate, int(steps)) for sigma, rate, steps in history.tolist()]
-        accountant.load_state_dict({"history": rows, "mechanism": accountant.mechanism()})
+    if rows:
+        accountant.load_state_dict({"history": list(rows), "mechanism": accountant.mechanism()})
     return accountant
+
+
+@lru_cache(maxsize=64)
+def _epsilon(rows: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """epsilon at ``delta`` after the history ``rows``: computed once for the clients of a round that share it
+    (equal sizes and participation), since Opacus' RDP of the subsampled Gaussian takes a tenth of a second."""
+    return _accountant(list(rows)).get_epsilon(delta)
 
 
 class DpSgd:
@@ -145,20 +147,34 @@ class DpSgd:
         cfg, n = algo.cfg, client.spec.num_train
         self.client, self.rate, self.steps = client, sample_rate(n, cfg.batch_size), steps_per_epoch(n, cfg.batch_size)
         self.sigma, self.delta = noise_multiplier(cfg, algo, client.spec), delta_of(cfg, n)
-        model.requires_grad_(True)  # every parameter gets hooks; the loop freezes per epoch after
-        self.hooks = GradSampleHooks(model, batch_first=True, loss_reduction="mean", strict=True)
+        self.model, self.hooks, self.hooked = model, None, None
         device = next(model.parameters()).device
         generator = torch.Generator(device=device)
         generator.manual_seed(noise_seed(cfg.seed, client.id, round_index))
         self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.dpsgd_clip,
                                      expected_batch_size=round(self.rate * n), loss_reduction="mean",
                                      generator=generator)
-        self.accountant = _accountant(client.private.get(HISTORY))
+        kept = client.private.get(HISTORY)
+        self.accountant = _accountant([] if kept is None else [(sigma, rate, int(steps))
+                                                               for sigma, rate, steps in kept.tolist()])
+        self._hook()
 
     def epoch(self, data, rng: np.random.Generator):
         """One epoch's Poisson batches; an empty draw is an empty batch (the step adds noise alone)."""
+        self._hook()
         for _ in range(self.steps):
             yield data.sampled_batch(rng, self.rate)
+
+    def _hook(self) -> None:
+        """Opacus' hooks on the layers whose parameters train this epoch, again whenever a method's freezing rule
+        (``trainable``, FedRep's) changes them: a frozen layer behind a trained one must not have any."""
+        trains = [p.requires_grad for p in self.model.parameters()]
+        if trains != self.hooked:
+            if self.hooks is not None:
+                self.hooks.cleanup()
+            self.hooks, self.hooked = GradSampleHooks(self.model, batch_first=True, loss_reduction="mean"), trains
+            for p in self.optimizer.params:
+                p.summed_grad = None
 
     def privatize(self, empty: bool) -> None:
         """Per-record gradients -> clipped, summed, noised, divided by the expected batch size, into ``.grad``."""
@@ -172,10 +188,10 @@ class DpSgd:
         """Remove the hooks, keep the accountant's history in the client's private state; the client's epsilon."""
         self.hooks.cleanup()
         for p in self.optimizer.params:
-            p.grad_sample = p.summed_grad = None
-        history = torch.tensor(self.accountant.state_dict()["history"], dtype=torch.float64)
-        self.client.private[HISTORY] = history
-        return self.accountant.get_epsilon(self.delta)
+            p.summed_grad = None
+        rows = self.accountant.state_dict()["history"]
+        self.client.private[HISTORY] = torch.tensor(rows, dtype=torch.float64)
+        return _epsilon(tuple(rows), self.delta)
 
 
 def check(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec], image_bytes: int) -> None:
