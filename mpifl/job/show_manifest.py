@@ -24,6 +24,8 @@ def manifest_text(cfg: RunConfig) -> str:
     kept = (f"\n  {KEPT}<parameter>/<name>: with --keep-optimizer, the local {cfg.optimizer} optimizer's state of "
             "every parameter it has stepped (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, step)"
             if cfg.keep_optimizer else "")
+    kept += ("\n  dpsgd/history: with --dpsgd-clip, the client's RDP accountant history, rows of (noise multiplier, "
+             "sampling rate, steps), float64 (mpifl.privacy.dp_sgd)" if cfg.dpsgd_clip else "")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
             + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
                               len(session.training_ids)) + kept)

@@ -106,8 +106,9 @@ def noise_multiplier(cfg: RunConfig, algo: Algorithm, spec: ClientSpec) -> float
     """sigma: ``--dpsgd-noise``, or calibrated to ``--dpsgd-epsilon`` over the client's planned steps."""
     if cfg.dpsgd_noise:
         return cfg.dpsgd_noise
+    # a client sampled in no round up to the horizon is calibrated for one step (it trains only beyond it)
     return _calibrated(cfg.dpsgd_epsilon, delta_of(cfg, spec.num_train), sample_rate(spec.num_train, cfg.batch_size),
-                       planned_steps(cfg, algo, spec))
+                       max(1, planned_steps(cfg, algo, spec)))
 
 
 @lru_cache(maxsize=256)
