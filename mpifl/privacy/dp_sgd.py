@@ -31,7 +31,9 @@ running statistics mix a batch's records and keep a statistic of them); a method
 (``batch_loss``, ``extra_loss``: it may couple a batch's records or differentiate inside the forward pass), its own
 layers (``adapt_model``: they may mix records, as MixStyle's statistics do), a fine-tuning on the training records
 outside the accounted steps (``personalize``), or tensors computed from the clients' data that leave the client
-(data-derived uploads, one-time exchanges); fp16/bf16 and ``--compile``; clients whose images stream.
+(data-derived uploads, one-time exchanges); ``--aug`` with client statistics; fp16/bf16 and ``--compile``; clients
+whose images stream.  ``--input-norm``'s constants (the dataset build's pooled or per-domain statistics, or fixed
+ones) are taken as public, as DP training usually takes a dataset's normalization.
 """
 
 from __future__ import annotations
@@ -213,6 +215,10 @@ def check(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[Clien
     errors = GradSampleHooks.validate(model, strict=False)
     if errors:
         _refuse(f"Opacus cannot take per-record gradients of a layer with buffers ({str(errors[0]).split('(')[-1]}")
+    if cfg.aug != "none":
+        shared = " and shares them" if cfg.aug.startswith("fedrdn") else ""
+        raise MpiflError(f"--dpsgd-clip: --aug {cfg.aug} normalizes each client's images by statistics of its "
+                         f"records{shared}, outside DP-SGD; use --aug none")
     if cfg.precision != "fp32" or cfg.compile:
         raise MpiflError(f"--dpsgd-clip: per-record gradients run in fp32 without torch.compile; drop "
                          f"{'--compile' if cfg.compile else f'--precision {cfg.precision}'}")

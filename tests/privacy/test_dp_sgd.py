@@ -176,6 +176,8 @@ def test_a_method_whose_rule_per_record_clipping_cannot_follow_is_refused_in_one
     (("--dpsgd-clip", "1"), "give the noise as either --dpsgd-noise SIGMA or --dpsgd-epsilon TARGET"),
     (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--dpsgd-epsilon", "2"), "not both or neither"),
     (("--dpsgd-noise", "1"), "act only with DP-SGD on: give --dpsgd-clip C or drop them"),
+    (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--aug", "fedrdn"), "--aug fedrdn normalizes each client's images by "
+                                                                      "statistics of its records and shares them"),
 ])
 def test_option_values_it_cannot_take_are_refused_in_one_line(data_root, tmp_path, flags, problem):
     job = run_here(*_args(data_root, tmp_path / "o", *flags, clip=None))
