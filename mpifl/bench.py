@@ -49,6 +49,9 @@ splits.
 runs' own ``memory.peak_rss``), and rank 0's peak at each fraction against the smallest (the clients of a
 round do not pass through rank 0's memory at once: aggregation is a reduction).
 
+``--case dp-sgd`` times one client's DP-SGD local training, mpifl's against a bare Opacus loop
+(:func:`dp_sgd_round_seconds`).
+
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
 ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of threads
 (:class:`~mpifl.server.folding.FoldThreads`: the caller's thread and pool threads), all at once and one client at
@@ -93,7 +96,7 @@ from click.core import ParameterSource
 from .algorithms import ALGORITHMS
 from .algorithms.core.reduction import Reduction, mean_weights, weighted_sum
 from .client.client_data import load_client_data
-from .client.training import evaluate
+from .client.training import client_round, evaluate, load_state
 from .data import default_data_root, ensure_dataset
 from .errors import MpiflError, OneLine
 from .job.cli import configuration, usage_line
@@ -493,6 +496,8 @@ CASE_OPTIONS = {
                      "device", "rounds", "local_epochs", "batch_size", "lr", "threads", "algos", "fractions",
                      "private_memory", "mpirun"),
     "fold": ("fold_threads", "fold_clients", "fold_mb", "repeats"),
+    "dp-sgd": ("data", "data_root", "model_name", "samples_per_client", "device", "rounds", "local_epochs",
+               "batch_size", "lr", "threads", "algo"),
 }
 
 
@@ -630,6 +635,100 @@ def fold_plan(fold_threads: str | None, clients: int, megabytes: float) -> list[
     return counts
 
 
+def dp_sgd_case(ctx: click.Context, data_root: str, data: str, model_name: str, samples_per_client: int, device: str,
+                rounds: int, epochs: int, batch_size: int, lr: float, threads: int, algo: str, json_out: str | None,
+                started: str) -> None:
+    """``--case dp-sgd`` (:func:`dp_sgd_round_seconds`): one client, clip 1 and noise 1 (the cost depends on
+    neither)."""
+    if ctx.get_parameter_source("algo") is not ParameterSource.COMMANDLINE:
+        algo = "fedavg-gn"
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    run_args = run_arguments(data_root, data, model_name, rounds, epochs, batch_size, lr, threads or 1, 1,
+                             samples_per_client, "cuda" if on_gpu else "cpu",
+                             extra=("--algo", algo, "--dpsgd-clip", "1", "--dpsgd-noise", "1"))
+    session = checked_session(run_args, 1)
+    target = result_file(json_out, "dp-sgd", started)
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    measured = dp_sgd_round_seconds(session, rounds, torch.device("cuda", 0) if on_gpu else torch.device("cpu"))
+    result = {"machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
+                          "gpu": torch.cuda.get_device_name(0) if on_gpu else None, "torch": torch.__version__},
+              "data": data, "model": session.cfg.model, "algo": algo, "batch_size": batch_size,
+              "local_epochs": epochs, "device": "cuda:0" if on_gpu else "cpu", "threads": threads, **measured}
+    result["ratio_mpifl_to_bare"] = statistics.median(measured["mpifl"]) / statistics.median(measured["bare"])
+    publish(dp_sgd_table(result), result, target)
+
+
+def dp_sgd_round_seconds(session: Session, rounds: int, device: torch.device) -> dict:
+    """``--case dp-sgd``: a DP-SGD client's local training in mpifl (:mod:`mpifl.privacy.dp_sgd`) against a bare
+    Opacus loop on the same model, data and batch size; seconds of each measured round (the first dropped), and the
+    client's size.
+
+    mpifl: :func:`~mpifl.client.training.client_round` of one client, as a client rank runs it each round (the
+    method's hooks, Poisson batches indexed on the device, Opacus' hooks attached and removed, the accountant loaded
+    from and stored into the client's private state, its epsilon).  Bare: ``PrivacyEngine.make_private`` once (RDP
+    accountant, Poisson sampling by its ``DPDataLoader`` over a ``TensorDataset`` of the client's normalized training
+    images), then per round the local epochs of ``zero_grad``, cross-entropy, ``backward``, ``step``, and the
+    accountant's epsilon once, as mpifl reports it every round.  Both take ceil(n / B) steps an epoch at the run's
+    noise and clip, on one device and ``threads`` torch threads, timed round by round in turn, so that slow phases
+    of a shared machine hit both alike."""
+    from opacus import PrivacyEngine  # the privacy extra, where this case runs
+    from torch.utils.data import DataLoader, TensorDataset
+
+    cfg, algo = session.cfg, session.algo
+    spec = next(c for c in session.clients if c.trains)
+    data = load_client_data(cfg.data_root, session.manifest, [spec], device, input_norm=cfg.input_norm)[spec.id]
+    model = session.build_model().to(device)
+    slots = model.state_dict()
+    client = algo.init_client(spec, session.initial)
+    client.private = {k: v.to(device) for k, v in client.private.items()}
+    download = {k: session.initial[k].to(device) for k in algo.shared_keys}
+
+    bare = session.build_model().to(device)
+    bare.load_state_dict(session.initial)
+    images = torch.cat([x for x, _ in data.eval_batches("train", 1024)])
+    labels = torch.cat([y for _, y in data.eval_batches("train", 1024)])
+    loader = DataLoader(TensorDataset(images, labels), batch_size=cfg.batch_size)
+    engine = PrivacyEngine(accountant="rdp")
+    bare, optimizer, loader = engine.make_private(
+        module=bare, optimizer=torch.optim.SGD(bare.parameters(), lr=cfg.lr), data_loader=loader,
+        noise_multiplier=cfg.dpsgd_noise, max_grad_norm=cfg.dpsgd_clip)
+    bare.train()
+
+    times = {"mpifl": [], "bare": []}
+    for r in range(1, rounds + 1):
+        algo.enter_round(r)
+        load_state(slots, algo, download, client.private)
+        start = time.perf_counter()
+        client_round(model, slots, algo, client, data, download, r, cfg)
+        times["mpifl"].append(_since(start, device))
+        start = time.perf_counter()
+        for _ in range(algo.local_epochs()):
+            for x, y in loader:
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(bare(x), y).backward()
+                optimizer.step()
+        engine.get_epsilon(1 / spec.num_train)  # as mpifl reports the client's epsilon every round
+        times["bare"].append(_since(start, device))
+    return {"train_samples": spec.num_train, **{k: v[1:] for k, v in times.items()}}
+
+
+def _since(start: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def dp_sgd_table(result: dict) -> list[str]:
+    bare, mpifl = statistics.median(result["bare"]), statistics.median(result["mpifl"])
+    return [f"{result['model']} on {result['data']}, --algo {result['algo']}: one client's DP-SGD local training, "
+            f"{result['train_samples']} records, batch {result['batch_size']}, {result['local_epochs']} epoch(s); "
+            f"{result['device']}, {result['threads']} thread(s); median of {len(result['bare'])} rounds each",
+            f"  bare Opacus loop (make_private)  {bare:8.4f} s/round",
+            f"  mpifl client_round               {mpifl:8.4f} s/round   ratio to bare {mpifl / bare:5.3f} (fastest "
+            f"rounds: {min(result['mpifl']) / min(result['bare']):5.3f})"]
+
+
 class BenchCommand(click.Command):
     """Click's usage errors and every :class:`MpiflError` as :class:`OneLine`."""
 
@@ -647,10 +746,10 @@ class BenchCommand(click.Command):
 
 
 @click.command(cls=BenchCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold"]), default="cross-silo",
+@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold", "dp-sgd"]), default="cross-silo",
               show_default=True, help="cross-silo: the simulator's time against a bare loop; many-clients: time and "
-                                      "memory with many clients; fold: rank 0's fold alone (see the module's "
-                                      "docstring)")
+                                      "memory with many clients; fold: rank 0's fold alone; dp-sgd: a DP-SGD client's "
+                                      "local training against a bare Opacus loop (see the module's docstring)")
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
@@ -673,7 +772,8 @@ class BenchCommand(click.Command):
               help="torch threads per process: 0 = mpifl's automatic choice (the bare loop then uses every core); "
                    "1 measures how the simulator scales with ranks at a fixed per-rank cost")
 @click.option("--algo", default="fedavg", show_default=True,
-              help="cross-silo: the method mpifl runs (the bare loop is FedAvg's)")
+              help="cross-silo: the method mpifl runs (the bare loop is FedAvg's); dp-sgd: the same, fedavg-gn unless "
+                   "given (DP-SGD refuses batch statistics)")
 @click.option("--eval-every", default=0, show_default=True,
               help="cross-silo: evaluate every N rounds, in mpifl and the bare loop alike (0: after the last only)")
 @click.option("--algos", default="fedwon,scaffold,singleset", show_default=True,
@@ -723,9 +823,13 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
         return
     if eval_every < 0:
         raise MpiflError(f"--eval-every must be >= 0 (0: after the last round only), got {eval_every}")
-    check_mpirun(mpirun)
     check_device(device)
     data_root = str(data_root or default_data_root())
+    if case == "dp-sgd":
+        dp_sgd_case(ctx, data_root, data, model_name, samples_per_client, device, rounds, local_epochs, batch_size,
+                    lr, threads, algo, json_out, started)
+        return
+    check_mpirun(mpirun)
     if case == "many-clients":
         ranks = comma_list("--client-ranks", client_ranks or "2", whole_number(1),
                            "--case many-clients runs with one count of client ranks: give one, >= 1", most=1)

@@ -313,3 +313,16 @@ def test_compared_runs_are_set_against_the_plain_ones_median_and_fastest():
     summary = compared_summary(rounds(2.2, 2.0, 3.0), rounds(2.0, 1.0, 4.0))
     assert summary["seconds_per_round"] == 2.2 and summary["ratio_to_plain"] == pytest.approx(1.1)
     assert summary["ratio_of_fastest_rounds"] == 2.0 and summary["split"]["compute"] == pytest.approx(0.22)
+
+
+def test_the_dp_sgd_case_times_mpifl_and_a_bare_opacus_loop_on_the_same_client(tmp_path, data_root):
+    out = tmp_path / "dp.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpifl.bench", "--case", "dp-sgd", "--data-root", str(data_root), "--model", "smallcnn",
+         "--samples-per-client", "32", "--batch-size", "8", "--rounds", "3", "--threads", "1", "--json-out",
+         str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["algo"] == "fedavg-gn" and result["train_samples"] == 32
+    assert len(result["mpifl"]) == len(result["bare"]) == 2 and min(result["mpifl"] + result["bare"]) > 0
+    assert "ratio to bare" in proc.stdout and result["ratio_mpifl_to_bare"] > 0

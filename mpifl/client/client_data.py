@@ -158,6 +158,17 @@ class ClientData:
             x, labels = self._input(pixels, self.normalizer.train(len(pixels), rng), rng, self.labels["train"][index])
             yield x, labels.long()
 
+    def sampled_batch(self, rng: np.random.Generator, rate: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A batch holding each training record independently with probability ``rate`` (Poisson sampling, as
+        DP-SGD's accounting assumes), in row order; None when it drew no record.  Resident images only."""
+        rows = np.flatnonzero(rng.random(self.size("train")) < rate)
+        if not len(rows):
+            return None
+        index = torch.from_numpy(rows).to(self.labels["train"].device)
+        pixels = self.images["train"].pixels[index]
+        x, labels = self._input(pixels, self.normalizer.train(len(pixels), rng), rng, self.labels["train"][index])
+        return x, labels.long()
+
     def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         affine = self.normalizer.eval()
         for pixels, index in self.images[split].in_order(batch_size):

@@ -208,7 +208,7 @@ class ClientHost:
         upload = self.session.privacy.privatize(upload, download, client.id, round_index)
         upload["client.meta"] = record(CLIENT_META, num_samples=client.spec.num_train, num_steps=stats.steps,
                                        loss_sum=stats.loss_sum, correct=stats.correct, seen=stats.seen,
-                                       val_correct=val_correct, val_seen=val_seen)
+                                       val_correct=val_correct, val_seen=val_seen, dp_epsilon=stats.epsilon)
         return upload
 
     def _fitter(self, client: ClientState, round_index: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from ..plan.task import CLASSIFICATION, Task
 from .client_data import ClientData
 from .precision import FP32, Precision
 
+if TYPE_CHECKING:
+    from ..privacy.dp_sgd import DpSgd
+
 
 @dataclass
 class TrainStats:
@@ -29,13 +32,16 @@ class TrainStats:
     correct: float  # the task's score summed over samples (classification: correct ones)
     seen: int
     data_seconds: float = 0.0  # spent producing batches (host-side time; on a GPU the indexing is asynchronous)
+    epsilon: float = 0.0  # the client's DP-SGD epsilon after this training (0: DP-SGD off)
 
 
 def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: ClientData,
                 optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
                 rng: np.random.Generator, round_index: int, precision: Precision = FP32,
-                trainable: Callable[[StateEntry, int], bool] | None = None) -> TrainStats:
-    """E epochs of mini-batch SGD on the client's train split.
+                trainable: Callable[[StateEntry, int], bool] | None = None, dp: DpSgd | None = None) -> TrainStats:
+    """E epochs of mini-batch SGD on the client's train split; with ``dp``, DP-SGD's (:mod:`mpifl.privacy.dp_sgd`:
+    Poisson batches, which may be empty, and the clipped, noised gradient in place of the batch's before the
+    method's hooks).
 
     Loss = the algorithm's batch loss (CE plus the method's terms), with
     the algorithm's gradient corrections between backward and step, then,
@@ -61,21 +67,27 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
         loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
         correct = torch.zeros((), dtype=torch.float64, device=loss_sum.device)
         seen = 0
-        for x, y in _timed(data.train_batches(rng, batch_size), stats):
-            optimizer.zero_grad(set_to_none=True)
-            with precision.autocast():
-                loss, logits = algo.batch_loss(client, model, precision.inputs(x), y)
-            precision.backward(loss, optimizer)
+        batches = dp.epoch(data, rng) if dp else data.train_batches(rng, batch_size)
+        for x, y in _timed(batches, stats):
+            (dp.optimizer if dp else optimizer).zero_grad(set_to_none=True)
+            if len(y):
+                with precision.autocast():
+                    loss, logits = algo.batch_loss(client, model, precision.inputs(x), y)
+                precision.backward(loss, optimizer)
+            if dp:
+                dp.privatize(empty=not len(y))
             algo.after_backward(client, model)
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             precision.step(optimizer)
+            stats.steps += 1
+            if not len(y):
+                continue
             if first_loss is None:
                 first_loss = loss.detach()
             loss_sum += loss.detach().double() * len(y)
             correct += algo.task.score_sum(logits.detach(), y)
             seen += len(y)
-            stats.steps += 1
         epoch_loss = float(loss_sum)
         if not math.isfinite(epoch_loss):
             raise MpiflError(_diverged(algo, client, round_index, epoch, epoch_loss, float(first_loss)))
@@ -147,8 +159,10 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     seeded by (seed, client, round); then the client keeps its private entries and the round's upload is
     returned (the method's model entries and extra tensors; views of ``slots``).  The
     optimizer is the method's at the round's learning rate; with ``--keep-optimizer`` it starts from the
-    client's kept state and leaves its own there (:mod:`mpifl.plan.optim`).  The guiding regularizer's
-    global head (``--guide-lambda``) is held from ``begin_local`` to the end of the round's training."""
+    client's kept state and leaves its own there (:mod:`mpifl.plan.optim`); with ``--dpsgd-clip`` it steps on
+    DP-SGD's gradients and the client's epsilon comes back in the stats (:mod:`mpifl.privacy.dp_sgd`).  The
+    guiding regularizer's global head (``--guide-lambda``) is held from ``begin_local`` to the end of the round's
+    training."""
     torch.manual_seed(client_torch_seed(cfg.seed, client.id, round_index))
 
     def score(split: str) -> tuple[float, float, int]:
@@ -159,8 +173,14 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
     optimizer = algo.make_optimizer(model, algo.lr)
     if cfg.keep_optimizer:
         restore_state(optimizer, model, client.private)
+    dp = None
+    if cfg.dpsgd_clip:
+        from ..privacy.dp_sgd import DpSgd  # Opacus, the privacy extra: imported where DP-SGD is on
+        dp = DpSgd(model, optimizer, algo, client, round_index)
     stats = train_local(model, algo, client, data, optimizer, algo.local_epochs(), cfg.batch_size,
-                        client_rng(cfg.seed, client.id, round_index), round_index, precision)
+                        client_rng(cfg.seed, client.id, round_index), round_index, precision, dp=dp)
+    if dp:
+        stats.epsilon = dp.finish()
     algo.release_global_head()
     if cfg.keep_optimizer:
         keep_state(optimizer, model, client.private)

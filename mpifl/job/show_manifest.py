@@ -25,6 +25,8 @@ def manifest_text(cfg: RunConfig) -> str:
     kept = (f"\n  {KEPT}<parameter>/<name>: with --keep-optimizer, the local {cfg.optimizer} optimizer's state of "
             "every parameter it has stepped (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, step)"
             if cfg.keep_optimizer else "")
+    kept += ("\n  dpsgd/history: with --dpsgd-clip, the client's RDP accountant history, rows of (noise multiplier, "
+             "sampling rate, steps), float64 (mpifl.privacy.dp_sgd)" if cfg.dpsgd_clip else "")
     per_round = (f"each taking part with probability {cfg.fraction:g} (Poisson), {len(session.sampled(1))} in round 1"
                  if session.privacy.samples_poisson else f"{len(session.sampled(1))} per round")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {per_round}\n"

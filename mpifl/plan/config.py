@@ -264,6 +264,24 @@ RUN_OPTIONS: tuple[Option, ...] = (
         Option("dp_count_noise", float, 0.0, "adaptive clipping's noise sigma_b on the count of unclipped updates",
                minimum=0, above=True, zero="m/20, m the expected clients per round"),
     ),
+    *_group("Record-level privacy (DP-SGD)",
+        Option("dpsgd_clip", float, 0.0, "DP-SGD inside every client (Abadi et al., CCS 2016; mpifl.privacy.dp_sgd): "
+               "clip each record's gradient to this L2 norm C over the trainable parameters, add Gaussian noise of std "
+               "--dpsgd-noise x C to the batch's sum, on Poisson-sampled batches (each record in with rate q = "
+               "--batch-size / the client's training records); each client's epsilon over its own records (Opacus' "
+               "RDP accountant) goes to metrics.jsonl and summary.md; a model with batch statistics (BatchNorm) or a "
+               "method whose rule per-record clipping cannot follow is refused; 0 = off", minimum=0, above=True,
+               zero="off"),
+        Option("dpsgd_noise", float, 0.0, "DP-SGD noise multiplier sigma (noise std sigma x --dpsgd-clip on the "
+               "summed clipped gradients); give it or --dpsgd-epsilon", minimum=0, above=True,
+               zero="calibrated from --dpsgd-epsilon"),
+        Option("dpsgd_epsilon", float, 0.0, "DP-SGD target epsilon: each client's sigma is calibrated (Opacus' "
+               "get_noise_multiplier, RDP) so that its epsilon after the run's planned steps (the rounds it is sampled "
+               "in up to --schedule-rounds, x local epochs x ceil(records / --batch-size)) is at most this; give it or "
+               "--dpsgd-noise", minimum=0, above=True, zero="--dpsgd-noise gives sigma"),
+        Option("dpsgd_delta", float, 0.0, "DP-SGD delta of each client's (epsilon, delta) guarantee over its records",
+               minimum=0, above=True, maximum=1, below=True, zero="1 / the client's training records"),
+    ),
     *_group("Run directory, checkpoints and failures",
         Option("out", str, None, "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one "
                "run: a directory holding a run's files or another run's directory, inside another run's, or in use by "
@@ -466,6 +484,10 @@ def check(cfg: RunConfig, options: tuple[Option, ...] = RUN_OPTIONS) -> None:
         (not (cfg.samples_per_client and cfg.percent < 1), "give either --samples-per-client or --percent, not both"),
         (not cfg.dp_clip or cfg.dp_noise is not None or cfg.dp_epsilon is not None,
          "--dp-clip needs --dp-noise (the noise multiplier) or --dp-epsilon (a target the noise is chosen for)"),
+        (cfg.dpsgd_clip or not (cfg.dpsgd_noise or cfg.dpsgd_epsilon or cfg.dpsgd_delta),
+         "--dpsgd-noise, --dpsgd-epsilon and --dpsgd-delta act only with DP-SGD on: give --dpsgd-clip C or drop them"),
+        (not cfg.dpsgd_clip or bool(cfg.dpsgd_noise) != bool(cfg.dpsgd_epsilon),
+         "--dpsgd-clip: give the noise as either --dpsgd-noise SIGMA or --dpsgd-epsilon TARGET, not both or neither"),
     ]
     for ok, message in rules:
         if not ok:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP, _DP_NOISE = 1, 2, 3, 4, 5, 6, 7, 8
+_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP, _DP_NOISE, _DPSGD_NOISE = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
@@ -57,6 +58,11 @@ def client_rng(seed: int, client: int, round_index: int) -> np.random.Generator:
 def client_torch_seed(seed: int, client: int, round_index: int) -> int:
     """Seed for torch's generators during one client's round (dropout, augmentation)."""
     return int(_sequence(seed, _CLIENT, client, round_index, 1).generate_state(1, np.uint64)[0] >> 1)
+
+
+def noise_seed(seed: int, client: int, round_index: int) -> int:
+    """Seed for the generator of the privacy noise one client adds in one round (DP-SGD), a stream of its own."""
+    return int(_sequence(seed, _DPSGD_NOISE, client, round_index).generate_state(1, np.uint64)[0] >> 1)
 
 
 def personalization_seeds(seed: int, client: int, round_index: int) -> tuple[np.random.Generator, int]:

@@ -10,6 +10,7 @@ One JSON line per round::
                  "waiting_cpu": .., "aggregation": ..},
      "rank_seconds": {"compute": [..], "data": [..], "evaluation": [..], "communication": [..], "waiting": [..]},
      "memory": {"peak_rss": [..], "peak_gpu": [..]},
+     "dp_sgd": {"epsilon_max": .., "epsilon_mean": ..},   # with --dpsgd-clip only
      "eval": {"global": {"test": {"mean": {"acc", "loss"}, "domains": {d: {"acc", "loss", "n"}},
                                   "clients": {"0": {"acc", "loss", "n"}}}, "val": {..}}}}
 
@@ -26,6 +27,10 @@ transport from the broadcast to the gather: ``communication`` (the
 broadcast and its uploads moving) and ``waiting`` (for rank 0 to send the
 broadcast or take its uploads).  The evaluation done in round r+1's message
 scores round r's model (see server.py).
+
+``dp_sgd`` (only under ``--dpsgd-clip``, :mod:`mpifl.privacy.dp_sgd`) is the largest and the mean epsilon, over
+the round's clients, of each client's record-level guarantee over its records so far, each at its own delta
+(:func:`dp_sgd_epsilons`); ``summary.md`` ends with the largest any client reached.
 
 ``train.local_val_acc`` (only under ``--select-by local-val``) is the
 validation accuracy of the round's post-training local models, weighted by
@@ -62,6 +67,23 @@ def local_val_acc(meta: np.ndarray) -> float:
         return float("nan")
     weights = meta["num_samples"][has]
     return float(np.sum(weights * meta["val_correct"][has] / meta["val_seen"][has]) / weights.sum())
+
+
+def dp_sgd_epsilons(meta: np.ndarray) -> dict:
+    """The largest and the mean DP-SGD epsilon of a round's clients (``meta``: their CLIENT_META records)."""
+    return {"epsilon_max": float(meta["dp_epsilon"].max()), "epsilon_mean": float(meta["dp_epsilon"].mean())}
+
+
+def dp_sgd_line(records: list[dict]) -> str:
+    """summary.md's line on DP-SGD ("" without it): the largest epsilon any client reached (each client's grows
+    with its steps, so the largest of the rounds' largest), and the last round's mean."""
+    rounds = [r for r in records if "dp_sgd" in r]
+    if not rounds:
+        return ""
+    top = max(rounds, key=lambda r: r["dp_sgd"]["epsilon_max"])
+    return (f"Record-level DP-SGD: largest client epsilon {top['dp_sgd']['epsilon_max']:.4g} (round {top['round']}); "
+            f"mean over round {rounds[-1]['round']}'s clients {rounds[-1]['dp_sgd']['epsilon_mean']:.4g}; each at "
+            "its own delta over its own records\n")
 
 
 def summarize_eval(raw: dict[int, np.ndarray], kinds: tuple[str, ...], domain_of: dict[int, str],
@@ -163,7 +185,7 @@ class MetricsLog:
         """``summary.csv`` and ``summary.md``; the latter's text."""
         self.run_dir.check()  # first: a run whose directory is gone stops with that line, whatever its records
         rows = summary_rows(self.records, self.kinds, self.domains, self.holdout, self.selection, self.metric)
-        markdown = summary_markdown(rows) + privacy_line(self.records)
+        markdown = summary_markdown(rows) + privacy_line(self.records) + dp_sgd_line(self.records)
         self.run_dir.write_summaries(rows, markdown)
         return markdown
 

@@ -39,7 +39,7 @@ from ..transport.messages import (CLIENT_META, FINAL, NO_EVAL, RANK_SECONDS, STO
                                   saved_file)
 from .folding import Behind, Folding, FoldThreads
 from .run_log import MetricsLog, summarize_eval
-from .run_log import local_val_acc
+from .run_log import dp_sgd_epsilons, local_val_acc
 
 
 # each client rank's seconds of a round in metrics.jsonl (rank_seconds), by the fields of its report
@@ -218,6 +218,7 @@ class Server:
                  self.algo.task.metric: float(meta["correct"].sum() / seen)} if seen else {}  # none took part
         if self.algo.selection == "local-val":
             train["local_val_acc"] = local_val_acc(meta)
+        dp_sgd = {"dp_sgd": dp_sgd_epsilons(meta)} if self.session.cfg.dpsgd_clip else {}
         return {
             "round": r,
             "clients": uploads.clients.tolist(),
@@ -229,4 +230,4 @@ class Server:
             "rank_seconds": by_rank,
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports],
                        "peak_gpu": [0] + [int(report["rank.peak_gpu"]) for report in reports]},
-        } | ({"privacy": spent} if spent else {})
+        } | dp_sgd | ({"privacy": spent} if spent else {})

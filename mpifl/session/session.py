@@ -123,6 +123,8 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     algo.bind_clients(clients)
     algo.bind_task(task)
     check_guide(algo)
+    if cfg.dpsgd_clip:
+        _check_dp_sgd(cfg, algo, model, clients, manifest)
     if cfg.holdout is not None and "global" not in algo.evaluates:
         raise MpiflError(f"--holdout needs a method with a global model; {cfg.algo} evaluates personal models only "
                          "(its private layers do not exist for an unseen domain); drop --holdout or pick another "
@@ -132,6 +134,16 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     privacy = privacy_of(cfg, algo, [inputs.setup_exchange(), algo.setup_exchange()])
     return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
                    inputs=inputs, pretrained=pretrained, privacy=privacy)
+
+
+def _check_dp_sgd(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec],
+                  manifest: DatasetManifest) -> None:
+    """``--dpsgd-clip``: Opacus is installed, and DP-SGD protects the run (:func:`mpifl.privacy.dp_sgd.check`)."""
+    try:
+        from ..privacy import dp_sgd
+    except ImportError as exc:
+        raise MpiflError(f"--dpsgd-clip needs Opacus ({exc}); pip install -e '.[privacy]'") from None
+    dp_sgd.check(cfg, algo, model, clients, int(np.prod(manifest.image_size)) * manifest.channels)
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:

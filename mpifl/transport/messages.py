@@ -18,7 +18,7 @@ Up, first one ``Gatherv``: each client rank sends, in this order,
   3. one block per client of the round it hosts, ascending id: the uploads
      the algorithm gathers (``SharePolicy.gathered``: small tensors its rule
      needs from every client) and ``client.meta`` (samples, steps, train
-     loss sum, correct, seen).
+     loss sum, correct, seen, DP-SGD epsilon).
 And one point-to-point message per client of the round: its other uploads
 (``summed``), posted as soon as the client is trained, which rank 0 receives
 in client-id order over all ranks, a few at a time, and folds into the
@@ -49,9 +49,10 @@ SAVE = 8  # flag on a command: first save your clients' state, the checkpoint of
 NO_EVAL = -1
 EVAL_SPLITS = ("val", "test")
 # Records of named float64 fields, travelling as plain float64 vectors:
-# val_correct/val_seen: the post-training local model on the client's val split (--select-by local-val; else 0)
+# val_correct/val_seen: the post-training local model on the client's val split (--select-by local-val; else 0);
+# dp_epsilon: the client's DP-SGD epsilon over its records so far (--dpsgd-clip; else 0)
 CLIENT_META = np.dtype([(f, np.float64) for f in ("num_samples", "num_steps", "loss_sum", "correct", "seen",
-                                                  "val_correct", "val_seen")])
+                                                  "val_correct", "val_seen", "dp_epsilon")])
 # a client rank's round: training (without posting its uploads; data: producing batches, within train),
 # evaluation, and its time in the transport from the broadcast to the gather: moving bytes, waiting for others
 RANK_SECONDS = np.dtype([(f, np.float64) for f in ("train", "evaluate", "data", "communication", "waiting")])

@@ -206,7 +206,7 @@ def test_every_algorithm_completes_two_rounds_and_moves_only_its_manifest(data_r
                   for line in manifest.stdout.splitlines() if "bytes per client," in line]
     gathered = int(manifest.stdout.split("gathered whole by rank 0")[1].split(" tensors, ")[1].split(" bytes")[0]
                    .replace(",", ""))
-    header, meta, report = 3 * 8, 7 * 8, 5 * 8 + 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
+    header, meta, report = 3 * 8, 8 * 8, 5 * 8 + 8 + 8 + 8 + 8 + 32  # round header, client.meta, the rank's report
     kinds = tuple(read_metrics(run)[0]["eval"])  # the models the run evaluates (gPerXAN: only personal ones)
     # the global model's 20 batches (10 clients' val and test, under 512 images each): (loss, score); per client a
     # block of personal kinds x (val, test) x (loss, score, n)
