@@ -97,7 +97,8 @@ class Server:
             early = bool(plan.sampled) and not self.algo.reductions_need_results
             fold_started = time.perf_counter()
             if early:  # while the clients train
-                sums = self._fold(messages, plan, self.algo.reductions(self.state, self._planned(plan)))
+                planned = Uploads.planned(self.session.clients, plan.sampled)
+                sums = self._fold(messages, plan, self.algo.reductions(self.state, planned))
             early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
@@ -159,14 +160,6 @@ class Server:
                           meta=records([v["client.meta"] for v in views], CLIENT_META),
                           tensors={n: [v[n] for v in views] for n in messages.gathered_names})
         return reports, evals, uploads
-
-    def _planned(self, plan: RoundPlan) -> Uploads:
-        """What the round's plan says of its uploads before any arrives: the sampled clients and their
-        ``num_samples`` (no other record field, no gathered entry: a method reading them must declare
-        :attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)."""
-        meta = np.array([(self.session.clients[c].num_train,) for c in plan.sampled],
-                        dtype=[("num_samples", CLIENT_META["num_samples"])])
-        return Uploads(clients=np.array(plan.sampled, dtype=np.int64), meta=meta, tensors={})
 
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
         """Receive every trained client's summed uploads in client-id order, ``FOLD_WINDOW_BYTES`` at a time (at
