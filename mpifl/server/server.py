@@ -166,12 +166,14 @@ class Server:
         least one client), and add them into the sums of ``reductions`` behind the receives
         (:class:`~.folding.Behind`): the fold threads add a window's clients while the next
         window arrives into the other buffer, so once the last upload has arrived only the last window's fold is
-        left.
+        left.  Under ``--secure-aggregation`` the uploads are masked integers, summed modulo 2^w and turned into
+        the float64 sums at the end (:mod:`mpifl.privacy.secure`).
 
         Time: the receives count in ``receiving_seconds`` (communication or waiting), whatever is folded meanwhile;
         what the round spends on the fold alone, waiting for a buffer to be folded before the next receive into
         it and for the last folds after the last receive, is left to aggregation."""
-        folding = Folding(reductions, self.folds)
+        secure = self.session.secure and self.session.secure.open(plan.header.round, reductions, messages)
+        folding = Folding(secure.folded if secure else reductions, self.folds)
         size = messages.summed.nbytes
         if size:
             owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
@@ -188,7 +190,7 @@ class Server:
                 self.receiving_seconds += time.perf_counter() - started
                 behind.hand([messages.summed.unpack(part) for part in parts])
             behind.wait(len(plan.sampled))
-        return folding.sums
+        return secure.sums(folding.sums) if secure else folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],
                 plan: RoundPlan, down_bytes: int, server_seconds: dict) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..algorithms import Algorithm, get_algorithm
+from ..algorithms import Algorithm, Uploads, get_algorithm
 from ..algorithms.core.guide import check_guide
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
@@ -26,6 +26,7 @@ from ..plan.normalize import InputNormalization, check_input_norm, resolve_input
 from ..plan.placement import place_clients
 from ..plan.seeding import sample_clients, seed_model_init
 from ..plan.task import task_of
+from ..privacy.secure import SecureAggregation
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
 from .evaluation import EvalPlan, plan_evaluation
@@ -48,7 +49,8 @@ class Session:
         """Wire layouts of the algorithm's current phase (built once per phase)."""
         phase = self.algo.phase
         if phase not in self._messages:
-            self._messages[phase] = Messages(self.algo.policy(), self.evaluation().personal_kinds)
+            messages = Messages(self.algo.policy(), self.evaluation().personal_kinds)
+            self._messages[phase] = (self.secure.messages(messages, self.planned(1)) if self.secure else messages)
         return self._messages[phase]
 
     def evaluation(self) -> EvalPlan:
@@ -63,7 +65,19 @@ class Session:
     def exchanges(self) -> list[OneTimeExchange]:
         """The one-time exchanges before round 1, in order: input statistics (FedRDN), then the method's.
         Normalized inputs exist once the first is done, so the method may contribute data-derived tensors."""
-        return [self.inputs, self.algo]
+        return [self.inputs, self.algo] + ([self.secure] if self.secure else [])
+
+    @cached_property
+    def secure(self) -> SecureAggregation | None:
+        """``--secure-aggregation``'s masking, None without it; its pairwise keys are agreed in the last one-time
+        exchange."""
+        if not self.cfg.secure_aggregation:
+            return None
+        return SecureAggregation(self.cfg, self.algo, self.training_ids, self.planned(1))
+
+    def planned(self, round_index: int) -> Uploads:
+        """What round ``round_index``'s plan says of its uploads (:meth:`Uploads.planned`)."""
+        return Uploads.planned(self.clients, self.sampled(round_index))
 
     def build_model(self) -> nn.Module:
         return _model(self.cfg, self.manifest, type(self.algo))
@@ -121,9 +135,11 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                          "(its private layers do not exist for an unseen domain); drop --holdout or pick another "
                          "--algo")
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
-    return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed),
-                   pretrained=pretrained)
+    session = Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
+                      inputs=InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed),
+                      pretrained=pretrained)
+    session.secure  # a method secure aggregation cannot serve is refused here, before the run writes anything
+    return session
 
 
 def read_labels(cfg: RunConfig, manifest: DatasetManifest) -> dict | None:
