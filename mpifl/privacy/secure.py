@@ -31,7 +31,8 @@ Masks: the pairwise seeds s_kj come from a Diffie-Hellman key agreement (RFC 352
 256-bit secret exponents from :mod:`secrets`) over the one-time exchanges (:mod:`mpifl.transport.exchange`): each
 training client's host rank draws its secret and contributes g^a_k; rank 0 relays the public keys and never holds
 a secret, so it cannot derive a mask.  The seed of pair (k, j) in round r is SHA-256(g^(a_k a_j), r), expanded by
-numpy's PCG64 (the paper uses a cryptographic PRG such as AES-CTR; PCG64 is not one, which a simulation allows).
+numpy's PCG64DXSM (the paper uses a cryptographic PRG such as AES-CTR; PCG64DXSM is not one, which a
+simulation allows).
 The secrets are fresh in every process, a resumed run agrees on new ones, and the numbers never depend on them:
 the masks cancel exactly.
 
@@ -66,6 +67,7 @@ MODP_2048 = int(
     "6966D670C354E4ABC9804F1746C08CA18217C32905E462E36CE3BE39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF695"
     "5817183995497CEA956AE515D2261898FA051015728E5A8AACAA68FFFFFFFFFFFFFFFF", 16)
 KEY_BYTES = 256
+MASK_BLOCK = 1 << 15  # elements quantized or masked at a time: a block and its streams stay in the L2 cache
 PUBLIC_KEY = TensorSpec("secagg.public_key", (KEY_BYTES,), torch.uint8)
 
 
@@ -196,35 +198,48 @@ class SecureRound:
         of its tensors (``sampled``: the round's clients, ascending)."""
         k = list(sampled).index(client)
         words = np.empty(sum(spec.numel for spec in self.layout.specs), dtype=self.secure.word)
-        scale, start, masked = 2.0 ** self.fraction, 0, {}
+        masked, start = {}, 0
         for spec in self.layout.specs:
             reduction = self.reductions[spec.name]
-            term = upload[reduction.upload].detach().to("cpu", torch.float64).numpy().reshape(-1)
-            term = term * np.float64(reduction.coefficients[k])
-            low, high = (term.min(), term.max()) if term.size else (0.0, 0.0)
-            if not (np.isfinite(low) and np.isfinite(high)):
-                raise MpiflError(f"--secure-aggregation: client {client}'s {reduction.upload!r} is not finite, which "
-                                 "fixed point cannot represent: its training diverged; lower --lr")
-            if not (-self.secure.range <= low and high <= self.secure.range):
-                worst = high if abs(high) > abs(low) else low
-                raise MpiflError(f"--secure-aggregation: client {client}'s {reduction.upload!r} times its coefficient "
-                                 f"reaches {worst}, beyond --secagg-range {self.secure.range}; raise --secagg-range "
-                                 "(each doubling costs a bit of precision) or --secagg-bits")
-            term *= scale
-            part = masked[spec.name] = words[start:start + spec.numel]
-            part[...] = np.rint(term, out=term)
+            masked[spec.name] = words[start:start + spec.numel]
+            self._quantize(upload[reduction.upload], reduction.coefficients[k], masked[spec.name], client,
+                           reduction.upload)
             start += spec.numel
         self._add_masks(words, [int(c) for c in sampled], client)
         return ({name: upload[name] for name in self.kept}
                 | {spec.name: torch.from_numpy(masked[spec.name].reshape(spec.shape)) for spec in self.layout.specs})
 
+    def _quantize(self, tensor: torch.Tensor, coefficient: float, out: np.ndarray, client: int, name: str) -> None:
+        """out = round(2^f c x) of one upload, a cache-sized block at a time; |c x| beyond R is refused."""
+        x = tensor.detach().reshape(-1).cpu()
+        x = (x if x.dtype in (torch.float32, torch.float64) else x.double()).numpy()
+        term = np.empty(min(MASK_BLOCK, x.size), dtype=np.float64)
+        c, scale, bound = np.float64(coefficient), 2.0 ** self.fraction, self.secure.range
+        for low in range(0, x.size, MASK_BLOCK):
+            part = term[:min(MASK_BLOCK, x.size - low)]
+            np.copyto(part, x[low:low + part.size])
+            part *= c
+            least, most = part.min(), part.max()
+            if not (np.isfinite(least) and np.isfinite(most)):
+                raise MpiflError(f"--secure-aggregation: client {client}'s {name!r} is not finite, which fixed point "
+                                 "cannot represent: its training diverged; lower --lr")
+            if not (-bound <= least and most <= bound):
+                raise MpiflError(f"--secure-aggregation: client {client}'s {name!r} times its coefficient reaches "
+                                 f"{most if abs(most) > abs(least) else least}, beyond --secagg-range {bound}; raise "
+                                 "--secagg-range (each doubling costs a bit of precision) or --secagg-bits")
+            part *= scale
+            out[low:low + part.size] = np.rint(part, out=part)
+
     def _add_masks(self, words: np.ndarray, sampled: list[int], client: int) -> None:
-        """words += sum_{j > k} PRG(s_kj) - sum_{j < k} PRG(s_jk), modulo 2^B."""
-        for other in sampled:
-            if other != client:
-                prg = np.random.PCG64(self.secure.pair_seed(client, other, self.round))
-                stream = prg.random_raw(-(-words.nbytes // 8)).view(words.dtype)[:words.size]
-                (np.add if other > client else np.subtract)(words, stream, out=words)
+        """words += sum_{j > k} PRG(s_kj) - sum_{j < k} PRG(s_jk), modulo 2^B, a cache-sized block at a time (both
+        clients of a pair draw the same blocks of their stream)."""
+        streams = [(np.random.PCG64DXSM(self.secure.pair_seed(client, other, self.round)),
+                    np.add if other > client else np.subtract) for other in sampled if other != client]
+        per_draw = 8 // words.itemsize
+        for low in range(0, words.size, MASK_BLOCK):
+            block = words[low:low + MASK_BLOCK]
+            for prg, sign in streams:
+                sign(block, prg.random_raw(-(-block.size // per_draw)).view(words.dtype)[:block.size], out=block)
         if self.secure.bits < 8 * words.itemsize:
             words &= (1 << self.secure.bits) - 1
 
