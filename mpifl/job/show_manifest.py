@@ -26,4 +26,5 @@ def manifest_text(cfg: RunConfig) -> str:
             if cfg.keep_optimizer else "")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {len(session.sampled(1))} per round\n"
             + format_manifest(cfg.algo, session.algo.policy(), len(session.sampled(1)), setup,
-                              len(session.training_ids)) + kept)
+                              len(session.training_ids)) + kept
+            + (f"\n{session.secure.describe()}, one tensor per weighted sum" if session.secure else ""))
