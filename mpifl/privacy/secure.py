@@ -125,7 +125,7 @@ class SecureAggregation:
     @staticmethod
     def check(algo: Algorithm) -> None:
         """Refuse, in one line, a method whose server rule needs to see an individual upload (its current stage)."""
-        gathered = algo.gathered_keys()
+        gathered = algo.policy().gathered
         why = (f"each client's {', '.join(gathered)} whole (its gathered_keys)" if gathered else
                "each client's upload, to weigh it by what training returned (its reductions_need_results)"
                if algo.reductions_need_results else "")
