@@ -52,6 +52,11 @@ round do not pass through rank 0's memory at once: aggregation is a reduction).
 ``--case dp-sgd`` times one client's DP-SGD local training, mpifl's against a bare Opacus loop
 (:func:`dp_sgd_round_seconds`).
 
+``--case secagg`` runs ``--algo`` under ``mpirun`` with each of ``--client-ranks`` counts, with and without
+``--secure-aggregation`` (``--secagg-bits``), in turn ``--repeats`` times, and reports seconds per round of each,
+their ratio, their split (the clients' masking is in their compute, rank 0's modular fold and dequantization in
+aggregation) and the bytes up: what secure aggregation's fixed point and pairwise masks cost a round.
+
 ``--case fold`` times rank 0's fold alone: ``--fold-clients`` float32 uploads of ``--fold-mb`` MB (12 x 45 MB,
 ResNet-18's, by default) added into their float64 weighted mean on each of ``--fold-threads`` counts of threads
 (:class:`~mpifl.server.folding.FoldThreads`: the caller's thread and pool threads), all at once and one client at
@@ -291,6 +296,43 @@ def many_clients_options(algo: str, fraction: float, private_memory: float) -> t
     return "--algo", algo, "--fraction", str(fraction), "--private-memory", str(private_memory)
 
 
+def secure_aggregation_rounds(ranks: list[int], run_options: dict, plain: tuple[str, ...], secure: tuple[str, ...],
+                              repeats: int, out: Path) -> list[dict]:
+    """For each count of client ranks, from real runs under mpirun, without options ``secure`` and with them, in
+    turn ``repeats`` times (a slow phase of a shared machine hits both alike): the median seconds per round over
+    every measured round (the first of each run is warm-up), its split, the bytes up, and the ratio secure /
+    plain."""
+    rows = []
+    for k in ranks:
+        runs = {"plain": [], "secure": []}
+        for repeat in range(repeats):
+            for way, extra in (("plain", plain), ("secure", secure)):
+                runs[way] += simulator_rounds(k, **run_options, out=out / f"{way}-{k}-{repeat}", extra=extra)[1:]
+        row = {"client_ranks": k, **{way: {
+            "seconds_per_round": statistics.median(r["seconds"]["round"] for r in records),
+            "rounds_measured": [r["seconds"]["round"] for r in records],
+            "split_seconds": {f: statistics.median(r["seconds"][f] for r in records) for f in SPLIT},
+            "wire_up_bytes": records[-1]["bytes"]["wire_up"]} for way, records in runs.items()}}
+        row["ratio"] = row["secure"]["seconds_per_round"] / row["plain"]["seconds_per_round"]
+        rows.append(row)
+    return rows
+
+
+def secure_aggregation_table(rows: list[dict], options: dict, secure: tuple[str, ...]) -> list[str]:
+    """The secagg table: per count of client ranks, both ways' seconds per round, their ratio and split."""
+    lines = [(f"{options['model_name']} on {options['data']}, {options['clients_per_domain']} clients per domain, "
+              f"batch {options['batch_size']}, {options['rounds']} rounds, {' '.join(secure)} against the same runs "
+              "without; median s/round")]
+    for row in rows:
+        plain, secure_way = row["plain"], row["secure"]
+        lines.append(f"  {row['client_ranks']} client rank(s): plain {plain['seconds_per_round']:.3f} s, secure "
+                     f"{secure_way['seconds_per_round']:.3f} s, ratio {row['ratio']:.3f}; " + ", ".join(
+                         f"{f} {plain['split_seconds'][f]:.3f} -> {secure_way['split_seconds'][f]:.3f} s"
+                         for f in ("compute", "communication", "waiting", "aggregation"))
+                     + f"; bytes up {plain['wire_up_bytes']:,} -> {secure_way['wire_up_bytes']:,}")
+    return lines
+
+
 def _cpu_of_others() -> float:
     """CPU seconds that every process but this one has used since boot (0 where ``/proc/stat`` is missing)."""
     try:
@@ -498,6 +540,8 @@ CASE_OPTIONS = {
     "fold": ("fold_threads", "fold_clients", "fold_mb", "repeats"),
     "dp-sgd": ("data", "data_root", "model_name", "samples_per_client", "device", "rounds", "local_epochs",
                "batch_size", "lr", "threads", "algo"),
+    "secagg": ("data", "data_root", "model_name", "clients_per_domain", "samples_per_client", "client_ranks", "device",
+               "rounds", "repeats", "local_epochs", "batch_size", "lr", "threads", "algo", "mpirun", "secagg_bits"),
 }
 
 
@@ -746,10 +790,12 @@ class BenchCommand(click.Command):
 
 
 @click.command(cls=BenchCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold", "dp-sgd"]), default="cross-silo",
-              show_default=True, help="cross-silo: the simulator's time against a bare loop; many-clients: time and "
-                                      "memory with many clients; fold: rank 0's fold alone; dp-sgd: a DP-SGD client's "
-                                      "local training against a bare Opacus loop (see the module's docstring)")
+@click.option("--case", type=click.Choice(["cross-silo", "many-clients", "fold", "dp-sgd", "secagg"]),
+              default="cross-silo", show_default=True,
+              help="cross-silo: the simulator's time against a bare loop; many-clients: time and memory with many "
+                   "clients; fold: rank 0's fold alone; dp-sgd: a DP-SGD client's local training against a bare "
+                   "Opacus loop; secagg: a round with --secure-aggregation against the same without (see the "
+                   "module's docstring)")
 @click.option("--data", default="styledigits", show_default=True, help="dataset")
 @click.option("--data-root", default=None, help="data root (default: MPIFL_DATA_ROOT or ./datasets)")
 @click.option("--model", "model_name", default="digitmodel", show_default=True, help="model")
@@ -798,13 +844,14 @@ class BenchCommand(click.Command):
               help="cross-silo: more options of mpifl.run, one quoted string (e.g. '--dp-clip 1 --dp-noise 1'): each "
                    "way over MPI also runs with them, in turn with the plain runs, and their seconds per round, ratio "
                    "to the plain runs' and split are reported beside them")
+@click.option("--secagg-bits", default=32, show_default=True, help="secagg: mpifl.run's --secagg-bits")
 @click.option("--json-out", default=None,
               help="a new file for the results (one that exists is refused), or a folder to make a new "
                    "<case>-<time>.json in (default: runs/bench under the working folder)")
 @click.pass_context
 def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per_client, client_ranks, device, rounds,
          repeats, local_epochs, batch_size, lr, threads, algo, eval_every, algos, fractions, private_memory, mpirun,
-         fold_threads, fold_clients, fold_mb, track, compare, json_out):
+         fold_threads, fold_clients, fold_mb, track, compare, secagg_bits, json_out):
     """Seconds per round and images/s: bare PyTorch loop vs mpifl with 1, 2, ... client ranks; or time and
     memory with many clients (--case many-clients), or rank 0's fold alone (--case fold).  Every option is
     checked before anything runs; the table is printed, then the results go into a new JSON file."""
@@ -850,6 +897,23 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
             "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
                         "torch": torch.__version__},
             "workload": {**options, "mpirun": mpirun, "client_ranks": ranks[0]}, "runs": rows}, target)
+        return
+    if case == "secagg":
+        ranks = comma_list("--client-ranks", client_ranks or "1,2", whole_number(1),
+                           "give a comma list of client-rank counts, each >= 1")
+        options = dict(data_root=data_root, data=data, model_name=model_name, rounds=rounds, epochs=local_epochs,
+                       batch_size=batch_size, lr=lr, threads=threads, clients_per_domain=clients_per_domain,
+                       samples_per_client=samples_per_client, device=device)
+        plain, secure = ("--algo", algo), ("--algo", algo, "--secure-aggregation", "--secagg-bits", str(secagg_bits))
+        checked_session(run_arguments(**options, extra=secure), max(ranks))
+        target = result_file(json_out, case, started)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = secure_aggregation_rounds(ranks, {**options, "mpirun": mpirun}, plain, secure, repeats, Path(tmp))
+        publish(secure_aggregation_table(rows, options, secure[2:]), {
+            "machine": {"platform": platform.platform(), "cores": len(os.sched_getaffinity(0)),
+                        "torch": torch.__version__},
+            "workload": {**options, "algo": algo, "secagg_bits": secagg_bits, "repeats": repeats, "mpirun": mpirun},
+            "runs": rows}, target)
         return
     ranks = sorted({1, *comma_list("--client-ranks", client_ranks or "1,2", whole_number(1),
                                    "give a comma list of client-rank counts, each >= 1")})

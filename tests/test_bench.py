@@ -252,6 +252,11 @@ def test_every_fold_option_is_checked_in_one_line_before_anything_runs(nothing_r
     (["--case", "many-clients", "--private-memory", "nan"], "--private-memory must be a finite number"),
     (["--case", "many-clients", "--repeats", "3"], "--case many-clients does not read --repeats"),
     (["--case", "many-clients", "--clients-per-domain", "1", "--client-ranks", "6"], "more client ranks than the 5"),
+    (["--secagg-bits", "32"], "--case cross-silo does not read --secagg-bits"),
+    (["--case", "secagg", "--fractions", "0.5"], "--case secagg does not read --fractions"),
+    (["--case", "secagg", "--secagg-bits", "8"], "--secagg-bits must be in [16, 64], got 8"),
+    (["--case", "secagg", "--algo", "fedproto"], "--secure-aggregation: fedproto's server rule needs rank 0 to see"),
+    (["--case", "secagg", "--client-ranks", "1,11"], "more client ranks than the 10 clients of styledigits"),
     pytest.param(["--device", "cuda"], "no CUDA GPU is visible",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
 ])

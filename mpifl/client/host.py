@@ -123,7 +123,10 @@ class ClientHost:
             download = {k: v.to(self.device, non_blocking=True) for k, v in download.items()}  # no-op on device
             self._synchronize()  # the copies out of a pinned buffer end before it is reused
             self.clients.adopt(download, r)
-            work = protocol.plan(header, messages).of(self.comm.rank)
+            plan = protocol.plan(header, messages)
+            work = plan.of(self.comm.rank)
+            secure = self.session.secure  # --secure-aggregation: the trained clients' uploads go up masked
+            masking = secure.open(r, secure.coefficients(self.session.planned(r)), messages) if secure else None
             send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates), len(work.scores)))
             report, scored, eval_segments, client_segments = messages.segments(
                 send, len(work.trains), len(work.evaluates), len(work.scores))
@@ -148,6 +151,8 @@ class ClientHost:
             before_training = self._transport_seconds()
             for i, (cid, segment) in enumerate(zip(work.trains, client_segments)):
                 upload = self._train(self.clients.get(cid), download, r)
+                if masking:
+                    upload = masking.mask(plan.sampled, cid, upload)
                 slot = i % slots
                 if posted[slot] is not None:
                     self.comm.complete([posted[slot]])

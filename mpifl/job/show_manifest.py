@@ -31,4 +31,5 @@ def manifest_text(cfg: RunConfig) -> str:
                  if session.privacy.samples_poisson else f"{len(session.sampled(1))} per round")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {per_round}\n"
             + format_manifest(cfg.algo, session.policy(), len(session.sampled(1)), setup,
-                              len(session.training_ids), marks(session.privacy)) + kept)
+                              len(session.training_ids), marks(session.privacy)) + kept
+            + (f"\n{session.secure.describe()}, one tensor per weighted sum" if session.secure else ""))

@@ -282,6 +282,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
         Option("dpsgd_delta", float, 0.0, "DP-SGD delta of each client's (epsilon, delta) guarantee over its records",
                minimum=0, above=True, maximum=1, below=True, zero="1 / the client's training records"),
     ),
+    *_group("Secure aggregation (docs/privacy.md)",
+        Option("secure_aggregation", bool, False, "secure aggregation (Bonawitz et al., CCS 2017): each client uploads "
+               "its weighted terms in fixed point plus pairwise masks that cancel in the sum, so rank 0 only holds "
+               "masked uploads and their sum (mpifl.privacy.secure); a method whose server rule reads single uploads "
+               "(gathered entries, weights from training results) is refused"),
+        Option("secagg_bits", int, 32, "bits B of secure aggregation's ring Z_2^B (words: int32 up to 32 bits, else "
+               "int64); its fixed-point scale is 2^f, f = B - 1 - bit_length(K) - ceil(log2 --secagg-range) for K "
+               "clients a round, so K terms never overflow, and each sum is within K / 2^(f+1) of the plain one",
+               minimum=16, maximum=64),
+        Option("secagg_range", float, 16.0, "the bound R on each client's weighted term |c_k x_k| under secure "
+               "aggregation; a larger value is refused in one line naming the tensor", minimum=0, above=True),
+    ),
     *_group("Run directory, checkpoints and failures",
         Option("out", str, None, "run directory (default runs/<algo>-<data>-<model>-s<seed>-<time>); it belongs to one "
                "run: a directory holding a run's files or another run's directory, inside another run's, or in use by "

@@ -113,11 +113,13 @@ class FoldThreads:
 
 class Folding:
     """Float64 running sums of ``reductions`` (by name), fed the round's uploads in client-id order, folded on
-    ``threads`` (None: on the caller's thread alone)."""
+    ``threads`` (None: on the caller's thread alone); reductions without coefficients: sums modulo 2^w in the
+    uploads' own w-bit integers (secure aggregation's masked words)."""
 
     def __init__(self, reductions: Mapping[str, Reduction], threads: FoldThreads | None = None):
         self.reductions = dict(reductions)
-        self.coefficients = {name: np.asarray(r.coefficients, dtype=np.float64) for name, r in self.reductions.items()}
+        self.coefficients = {name: None if r.coefficients is None else np.asarray(r.coefficients, dtype=np.float64)
+                             for name, r in self.reductions.items()}
         self.threads = threads or FoldThreads()
         self.sums: dict[str, np.ndarray] = {}
         self.folded = 0  # clients added so far
@@ -128,11 +130,13 @@ class Folding:
         if not first:  # one block for all sums, zeroed by the first fold as it reaches each part
             shapes = {name: np.shape(window[0][reduction.upload]) for name, reduction in self.reductions.items()}
             offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes.values()])
-            block = np.empty(offsets[-1], dtype=np.float64)
+            modular = [r.upload for name, r in self.reductions.items() if self.coefficients[name] is None]
+            block = np.empty(offsets[-1], dtype=window[0][modular[0]].dtype if modular else np.float64)
             self.sums = {name: block[low:high].reshape(shape)
                          for (name, shape), low, high in zip(shapes.items(), offsets, offsets[1:])}
         for name, reduction in self.reductions.items():
-            coefficients = self.coefficients[name][first:first + len(window)]
+            coefficients = self.coefficients[name]
+            coefficients = None if coefficients is None else coefficients[first:first + len(window)]
             work.append((self.sums[name].reshape(-1), terms([uploads[reduction.upload] for uploads in window],
                                                             coefficients)))
         self.threads.fold(work, zero=not first)

@@ -52,6 +52,8 @@ def serve(cfg: RunConfig, comm: Comm, session: Session, run_dir: RunDir, resumed
     log_lines.append(f"rank 0 ({processes[0][0]}): server, folds the uploads on {folds.count} "
                      f"thread{'s' * (folds.count > 1)} "
                      + ("behind its receives" if folds.behind else "between its receives (no core spare)"))
+    if session.secure:
+        log_lines.append(session.secure.describe())
     evaluated = session.evaluation().images  # mpifl.session.evaluation: the images each rank evaluates
     log_lines += [f"rank {h + 1} ({processes[h + 1][0]}): {describe_clients(ids)}; evaluates {evaluated[h]:,} images"
                   for h, ids in enumerate(session.placement)]

@@ -97,7 +97,8 @@ class Server:
             early = bool(plan.sampled) and not self.algo.reductions_need_results
             fold_started = time.perf_counter()
             if early:  # while the clients train
-                sums = self._fold(messages, plan, self._reductions(self._planned(plan)))
+                sums = self._fold(messages, plan, self.session.reductions(
+                    self.state, Uploads.planned(self.session.clients, plan.sampled)))
             early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
@@ -125,7 +126,7 @@ class Server:
             aggregated_from = time.perf_counter()
             self.algo.prepare(self.state, uploads)
             if not early:
-                sums = self._fold(messages, plan, self._reductions(uploads))
+                sums = self._fold(messages, plan, self.session.reductions(self.state, uploads))
             uploads.sums = sums
             self.privacy.release(self.state, sums, uploads.clients, r)
             self.algo.aggregate(self.state, uploads)
@@ -144,10 +145,6 @@ class Server:
         state = self.algo.init_server(self.session.initial)
         self.privacy.init_server(state)
         return state
-
-    def _reductions(self, uploads: Uploads) -> dict[str, Reduction]:
-        """The sums to fold: the method's, as the privacy mechanism makes them."""
-        return self.privacy.reductions(self.algo.reductions(self.state, uploads), uploads.clients)
 
     def _report_progress(self, r: int) -> None:
         """Round r is complete: the progress line and log.txt, with the newest mean test accuracy known."""
@@ -171,25 +168,19 @@ class Server:
                           tensors={n: [v[n] for v in views] for n in messages.gathered_names})
         return reports, evals, uploads
 
-    def _planned(self, plan: RoundPlan) -> Uploads:
-        """What the round's plan says of its uploads before any arrives: the sampled clients and their
-        ``num_samples`` (no other record field, no gathered entry: a method reading them must declare
-        :attr:`~mpifl.algorithms.Algorithm.reductions_need_results`)."""
-        meta = np.array([(self.session.clients[c].num_train,) for c in plan.sampled],
-                        dtype=[("num_samples", CLIENT_META["num_samples"])])
-        return Uploads(clients=np.array(plan.sampled, dtype=np.int64), meta=meta, tensors={})
-
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
         """Receive every trained client's summed uploads in client-id order, ``FOLD_WINDOW_BYTES`` at a time (at
         least one client), and add them into the sums of ``reductions`` behind the receives
         (:class:`~.folding.Behind`): the fold threads add a window's clients while the next
         window arrives into the other buffer, so once the last upload has arrived only the last window's fold is
-        left.
+        left.  Under ``--secure-aggregation`` the uploads are masked integers, summed modulo 2^w and turned into
+        the float64 sums at the end (:mod:`mpifl.privacy.secure`).
 
         Time: the receives count in ``receiving_seconds`` (communication or waiting), whatever is folded meanwhile;
         what the round spends on the fold alone, waiting for a buffer to be folded before the next receive into
         it and for the last folds after the last receive, is left to aggregation."""
-        folding = Folding(reductions, self.folds)
+        secure = self.session.secure and self.session.secure.open(plan.header.round, reductions, messages)
+        folding = Folding(secure.folded if secure else reductions, self.folds)
         size = messages.summed.nbytes
         if size:
             owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
@@ -206,7 +197,7 @@ class Server:
                 self.receiving_seconds += time.perf_counter() - started
                 behind.hand([messages.summed.unpack(part) for part in parts])
             behind.wait(len(plan.sampled))
-        return folding.sums
+        return secure.sums(folding.sums) if secure else folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],
                 plan: RoundPlan, down_bytes: int, spent: dict | None, server_seconds: dict) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..algorithms import Algorithm, get_algorithm
+from ..algorithms import Algorithm, Reduction, ServerState, Uploads, get_algorithm
 from ..algorithms.core.guide import check_guide
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
@@ -27,6 +27,7 @@ from ..plan.placement import place_clients
 from ..plan.seeding import poisson_clients, sample_clients, seed_model_init
 from ..plan.task import task_of
 from ..privacy import Privacy, privacy_of
+from ..privacy.secure import SecureAggregation
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
 from .evaluation import EvalPlan, plan_evaluation
@@ -50,7 +51,8 @@ class Session:
         """Wire layouts of the algorithm's current phase (built once per phase)."""
         phase = self.algo.phase
         if phase not in self._messages:
-            self._messages[phase] = Messages(self.policy(), self.evaluation().personal_kinds)
+            messages = Messages(self.policy(), self.evaluation().personal_kinds)
+            self._messages[phase] = (self.secure.messages(messages, self.planned(1)) if self.secure else messages)
         return self._messages[phase]
 
     def policy(self):
@@ -69,7 +71,33 @@ class Session:
     def exchanges(self) -> list[OneTimeExchange]:
         """The one-time exchanges before round 1, in order: input statistics (FedRDN), then the method's.
         Normalized inputs exist once the first is done, so the method may contribute data-derived tensors."""
-        return [self.inputs, self.algo]
+        return [self.inputs, self.algo] + ([self.secure] if self.secure else [])
+
+    @cached_property
+    def secure(self) -> SecureAggregation | None:
+        """``--secure-aggregation``'s masking, None without it; its pairwise keys are agreed in the last one-time
+        exchange."""
+        if not self.cfg.secure_aggregation:
+            return None
+        planned = self.planned(1)
+        if self.privacy.samples_poisson:  # each round's count is drawn: one round of a single client would show it
+            counts = [len(self.sampled(r)) for r in range(1, self.cfg.rounds + 1)]
+            if 1 in counts:
+                raise MpiflError(f"--secure-aggregation: round {counts.index(1) + 1} of this run's Poisson sample "
+                                 "(--dp-clip) has a single client, whose masked upload would be its upload; raise "
+                                 "--fraction, or give another --seed")
+            planned = self.planned(1 + int(np.argmax(counts)))
+        return SecureAggregation(self.cfg, self.algo, self.training_ids, planned, self.reductions)
+
+    def reductions(self, server: ServerState, uploads: Uploads) -> dict[str, Reduction]:
+        """The round's sums: the method's (:meth:`Algorithm.reductions`), as the privacy mechanism makes them; rank 0
+        folds them, and under secure aggregation each client weighs its terms by them (with a server state it
+        cannot read)."""
+        return self.privacy.reductions(self.algo.reductions(server, uploads), uploads.clients)
+
+    def planned(self, round_index: int) -> Uploads:
+        """What round ``round_index``'s plan says of its uploads (:meth:`Uploads.planned`)."""
+        return Uploads.planned(self.clients, self.sampled(round_index))
 
     def build_model(self) -> nn.Module:
         return _model(self.cfg, self.manifest, type(self.algo))
@@ -132,8 +160,10 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
     inputs = InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed)
     privacy = privacy_of(cfg, algo, [inputs.setup_exchange(), algo.setup_exchange()])
-    return Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
-                   inputs=inputs, pretrained=pretrained, privacy=privacy)
+    session = Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
+                      inputs=inputs, pretrained=pretrained, privacy=privacy)
+    session.secure  # a method secure aggregation cannot serve is refused here, before the run writes anything
+    return session
 
 
 def _check_dp_sgd(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec],

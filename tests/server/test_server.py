@@ -60,6 +60,7 @@ def test_fold_receives_windows_into_two_buffers_and_folds_behind_to_the_sequenti
         with FoldThreads(threads, behind) as folds:
             server = Server.__new__(Server)
             server.folds, server.fold_buffer, server.receiving_seconds = folds, ReusedBuffer(), 0.0
+            server.session = SimpleNamespace(secure=None)  # no --secure-aggregation
             server.comm = comm = Uploads(uploads, owner, lambda: made[-1].folded)
             sums = server._fold(messages, plan, {"s": Reduction("x", coefficients)})
         assert comm.windows == [2, 2, 2, 1] and server.receiving_seconds > 0

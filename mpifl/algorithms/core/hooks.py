@@ -92,7 +92,8 @@ BY_ROLE: dict[str, tuple[Hook, ...]] = {
              chain=True),
         Hook("gathered_keys", "internal", "from policy, reductions and aggregate"),
         Hook("reductions", "server", "once per round on rank 0: at its start, or after prepare where "
-             "reductions_need_results", chain=True),
+             "reductions_need_results; with --secure-aggregation on every client rank too, from the round's plan "
+             "(mpifl.privacy.secure)", chain=True),
         Hook("download", "server", "every message on rank 0, before the broadcast"),
         Hook("global_value", "internal", "from aggregate, per uploaded entry"),
         Hook("client_weights", "internal", "from reductions and aggregate"),

@@ -16,7 +16,9 @@ FedDG-GA's gaps) runs 2 before 1, after the gather, and is folded then.  Every s
 order, element by element exactly as a single pass over all uploads would (:func:`weighted_sum`), so the result is
 bit for bit the same whoever hosts which client, however many arrive at once and however the elements are shared
 among threads: rank-count invariance holds, and rank 0's memory is a few uploads plus the sums, whatever the
-number of clients in the round.
+number of clients in the round.  Under secure aggregation (:mod:`mpifl.privacy.secure`) the clients send their
+terms already weighted, quantized and masked, as signed integers, and a reduction without coefficients sums them
+modulo 2^w (w their bits): integer adds, exact in any order.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ SUM_BLOCK = 1 << 14  # elements per block: the float64 partial sum and one term 
 
 @dataclass(frozen=True)
 class Reduction:
-    """sum_k c_k x_k of the uploaded tensor ``upload`` over the round's clients (client-id order)."""
+    """sum_k c_k x_k of the uploaded tensor ``upload`` over the round's clients (client-id order); without
+    coefficients, sum_k x_k modulo 2^w of uploads of w-bit integers (secure aggregation's masked words)."""
 
     upload: str
-    coefficients: Sequence[float]  # (K,): one per client of the round, in client-id order
+    coefficients: Sequence[float] | None  # (K,): one per client of the round, in client-id order
 
 
 def mean_weights(weights: np.ndarray) -> np.ndarray:
@@ -43,8 +46,13 @@ def mean_weights(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def terms(values: Sequence[np.ndarray], coefficients: Sequence[float]) -> list[tuple[float, np.ndarray]]:
-    """The terms (c_k, flat x_k) of sum_k c_k x_k, those with c_k = 0 left out (they add nothing)."""
+def terms(values: Sequence[np.ndarray], coefficients: Sequence[float] | None) -> list[tuple[float, np.ndarray]]:
+    """The terms (c_k, flat x_k) of sum_k c_k x_k, those with c_k = 0 left out (they add nothing); without
+    coefficients, (None, flat x_k) of integer uploads, summed modulo 2^w."""
+    if coefficients is None:
+        if not all(np.issubdtype(v.dtype, np.signedinteger) for v in values):
+            raise TypeError("only signed integer tensors are summed modulo 2^w")
+        return [(None, np.ravel(x)) for x in values]
     if not all(np.issubdtype(v.dtype, np.floating) for v in values):
         raise TypeError("only floating-point tensors can be summed")
     return [(c, np.ravel(x)) for c, x in zip(np.asarray(coefficients, dtype=np.float64), values) if c]
@@ -56,7 +64,8 @@ def fold_ranges(sums, ranges, zero: bool = False, block: int = SUM_BLOCK) -> Non
     held (each block zeroed as it is reached, while in the cache).  Each element's sum is one chain in the terms'
     order, acc <- acc + c_k * float64(x_k): a float64 cast (exact), a multiply and an add, each correctly rounded
     and none fused, so the bits are the same whoever folds which range, and in blocks of any size; ``block``
-    elements at a time, every term of a block before the next block, so the partial sum stays in the cache."""
+    elements at a time, every term of a block before the next block, so the partial sum stays in the cache.  A
+    term without coefficient is an integer one: acc <- acc + x_k modulo 2^w, in ``acc``'s w-bit integers."""
     scratch = np.empty(min(block, max((stop - start for _, start, stop in ranges), default=0)), dtype=np.float64)
     for index, start, stop in ranges:
         acc, chain = sums[index]
@@ -66,6 +75,9 @@ def fold_ranges(sums, ranges, zero: bool = False, block: int = SUM_BLOCK) -> Non
             if zero:
                 part.fill(0.0)
             for c, x in chain:
+                if c is None:
+                    part += x[low:high]  # numpy's integer adds wrap: modulo 2^w
+                    continue
                 np.copyto(term, x[low:high])  # then times c: what float64(x) * c gives, faster than one cast multiply
                 term *= c
                 part += term

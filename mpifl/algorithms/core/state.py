@@ -7,6 +7,7 @@ State that must survive from one round to the next lives in these tensors (``Ser
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -56,3 +57,11 @@ class Uploads:
     @property
     def num_steps(self) -> np.ndarray:
         return self.meta["num_steps"]
+
+    @classmethod
+    def planned(cls, clients: Sequence[ClientSpec], sampled: Sequence[int]) -> Uploads:
+        """What a round's plan says of its uploads before any arrives, the same on every rank: the ``sampled``
+        clients and their ``num_samples`` (no other record field, no gathered entry: a method reading them must
+        declare :attr:`~.base.Algorithm.reductions_need_results`)."""
+        meta = np.array([(clients[c].num_train,) for c in sampled], dtype=[("num_samples", np.float64)])
+        return cls(clients=np.array(sampled, dtype=np.int64), meta=meta, tensors={})
