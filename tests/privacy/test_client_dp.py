@@ -213,3 +213,29 @@ def test_local_noise_is_each_clients_and_the_accountant_counts_its_rounds(data_r
     for record in records:
         taken[record["clients"]] += 1
         assert record["privacy"]["epsilon"] == pytest.approx(_independent_epsilon(1.0, 2.0, int(taken.max()), 0.1))
+
+
+@pytest.mark.slow
+def test_secure_aggregation_of_clipped_updates_releases_the_dp_model_within_the_quantization_bound(data_root, tmp_path):
+    """--dp-clip with --secure-aggregation: the clients mask their clipped updates, each weighed 1/m, and rank 0 adds
+    the same noise to the dequantized sum; one round's model is the plain DP run's within K / 2^(f+1).  A seed whose
+    Poisson sample has a round of one client (seed 3: round 1) is refused before anything is written."""
+    lone = run_here(*_args(data_root, tmp_path / "lone", "--seed", "3", "--fraction", "0.5", "--dp-clip", "1",
+                           "--dp-noise", "1", "--secure-aggregation"))
+    assert lone.returncode and "round 1 of this run's Poisson sample" in lone.stderr
+    assert not (tmp_path / "lone").exists()
+    extra = ("--rounds", "1", "--fraction", "0.5", "--seed", "4", "--dp-clip", "0.5", "--dp-noise", "1",
+             "--ckpt-every", "1")
+    plain = run_here(*_args(data_root, tmp_path / "plain", *extra))
+    masked = run_here(*_args(data_root, tmp_path / "masked", *extra, "--secure-aggregation"))
+    assert plain.returncode == 0 and masked.returncode == 0, plain.stderr + masked.stderr
+    k = len(read_metrics(tmp_path / "masked")[0]["clients"])
+    f = 32 - 1 - k.bit_length() - 4  # --secagg-bits 32, --secagg-range 16
+    load = lambda run: torch.load(run / "checkpoint" / "round-1" / "server.pt", weights_only=True)["model"]  # noqa
+    a, b = load(tmp_path / "plain"), load(tmp_path / "masked")
+    for key in a:
+        gap = (a[key].double() - b[key].double()).abs()
+        allowed = k * 2.0 ** -(f + 1) + 2 * torch.finfo(torch.float32).eps * a[key].double().abs()
+        assert bool((gap <= allowed).all()), key
+    assert any(not torch.equal(a[key], b[key]) for key in a)  # the masked run went through fixed point
+    assert "secure aggregation: masked uploads" in (tmp_path / "masked" / "log.txt").read_text()
