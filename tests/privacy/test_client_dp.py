@@ -239,3 +239,19 @@ def test_secure_aggregation_of_clipped_updates_releases_the_dp_model_within_the_
         assert bool((gap <= allowed).all()), key
     assert any(not torch.equal(a[key], b[key]) for key in a)  # the masked run went through fixed point
     assert "secure aggregation: masked uploads" in (tmp_path / "masked" / "log.txt").read_text()
+
+
+def test_without_the_privacy_extra_a_dp_option_is_one_line_naming_it(data_root, tmp_path, monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def without_opacus(name, *args, **kwargs):
+        if name.split(".")[0] == "opacus":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_opacus)
+    job = run_here(*_args(data_root, tmp_path / "run", "--dp-clip", "1", "--dp-noise", "1"))
+    lines = job.stderr.strip().splitlines()
+    assert job.returncode and len(lines) == 1 and 'pip install -e ".[privacy]"' in lines[0], job.stderr
+    assert not (tmp_path / "run").exists()
