@@ -84,9 +84,12 @@ def test_the_epsilon_is_opacus_rdp_analysis_of_q_sigma_steps_and_delta():
     assert client.private[HISTORY].tolist() == [[sigma, batch / n, 37]]
 
 
+AGC = ("--agc-clip", "0.64")
+
+
 def _args(data_root, out, *extra, clip="1"):
-    """FedWon (scaled weight-standardized convs, adaptive gradient clipping) under DP-SGD (``--dpsgd-clip clip``;
-    None: without), 64 images per client."""
+    """FedWon (scaled weight-standardized convs) under DP-SGD (``--dpsgd-clip clip``; None: without), 64 images per
+    client; add :data:`AGC` for its adaptive gradient clipping (auto: off below batch size 32)."""
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--algo", "fedwon", "--lr",
             "0.05", "--threads", "1", "--samples-per-client", "64", "--batch-size", "16", "--eval-batch-size", "256",
             *(("--dpsgd-clip", clip) if clip else ()), *extra]
@@ -95,7 +98,7 @@ def _args(data_root, out, *extra, clip="1"):
 def test_each_rounds_epsilon_is_the_accountants_over_the_steps_taken_so_far(data_root, tmp_path):
     sigma, q, n = 0.9, 16 / 64, 64
     job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--local-epochs", "2", "--dpsgd-noise",
-                          str(sigma)))
+                          str(sigma), *AGC))
     assert job.returncode == 0, job.stderr
     orders = RDPAccountant.DEFAULT_ALPHAS
     for record in read_metrics(tmp_path / "r"):
@@ -121,7 +124,7 @@ def test_a_target_epsilon_is_reached_within_five_percent_by_the_runs_end(data_ro
 
 
 def test_a_resumed_run_continues_every_clients_epsilon_and_model_bit_for_bit(data_root, tmp_path):
-    extra = ("--dpsgd-noise", "1.0", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "3")
+    extra = ("--dpsgd-noise", "1.0", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "3", *AGC)
     whole = run_here(*_args(data_root, tmp_path / "whole", "--rounds", "3", *extra))
     assert whole.returncode == 0, whole.stderr
     first = run_here(*_args(data_root, tmp_path / "cut", "--rounds", "2", "--ckpt-every", "1", *extra))
@@ -134,7 +137,7 @@ def test_a_resumed_run_continues_every_clients_epsilon_and_model_bit_for_bit(dat
 @pytest.mark.slow
 def test_the_same_bits_in_one_process_and_on_1_2_and_3_client_ranks(data_root, tmp_path):
     extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--dpsgd-epsilon",
-             "3")
+             "3", *AGC)
     job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
     assert job.returncode == 0, job.stderr
     in_process = _numbers(read_metrics(tmp_path / "in-process"))
