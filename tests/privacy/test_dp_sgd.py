@@ -70,6 +70,19 @@ def test_the_noise_of_a_step_without_records_has_std_sigma_c_over_the_expected_b
     assert abs(float(noise.mean())) < 0.05 * sigma * clip / batch
 
 
+def test_the_noise_is_drawn_from_the_clients_stream_of_its_round_whatever_torchs_global_state():
+    def noise(round_index, global_seed):
+        algo, model = make_algo("fedwon", {"dpsgd_clip": 1.0, "dpsgd_noise": 1.0, "batch_size": 8})
+        dp = DpSgd(model, torch.optim.SGD(model.parameters(), lr=0.1), algo, _client(64), round_index)
+        torch.manual_seed(global_seed)
+        dp.optimizer.zero_grad(set_to_none=True)
+        dp.privatize(empty=True)
+        return _flat(p.grad for p in dp.optimizer.params)
+
+    assert torch.equal(noise(2, global_seed=0), noise(2, global_seed=1))
+    assert not torch.equal(noise(2, global_seed=0), noise(3, global_seed=0))
+
+
 def test_the_epsilon_is_opacus_rdp_analysis_of_q_sigma_steps_and_delta():
     sigma, batch, n = 1.1, 8, 64
     _, _, client, dp = _dp(noise=sigma, batch=batch, n=n)
