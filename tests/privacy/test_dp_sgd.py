@@ -194,6 +194,11 @@ def test_a_method_whose_rule_per_record_clipping_cannot_follow_is_refused_in_one
     (("--dpsgd-noise", "1"), "act only with DP-SGD on: give --dpsgd-clip C or drop them"),
     (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--aug", "fedrdn"), "--aug fedrdn normalizes each client's images by "
                                                                       "statistics of its records and shares them"),
+    (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--precision", "bf16"), "drop --precision bf16"),
+    (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--stream-above", "0"), "would stream from its shard, and Poisson "
+                                                                         "sampling reads any record at any step"),
+    (("--dpsgd-clip", "1", "--dpsgd-epsilon", "1e-06", "--dpsgd-delta", "1e-10"),
+     "--dpsgd-epsilon 1e-06: no noise multiplier reaches it"),
 ])
 def test_option_values_it_cannot_take_are_refused_in_one_line(data_root, tmp_path, flags, problem):
     job = run_here(*_args(data_root, tmp_path / "o", *flags, clip=None))
