@@ -52,6 +52,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DPOptimizer
+from opacus.utils.module_utils import trainable_modules
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
@@ -216,9 +217,11 @@ def check(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[Clien
     if statistics:
         _refuse(f"the model keeps batch statistics ({statistics[0]} ...), which mix a batch's records and are a "
                 f"statistic of them")
-    errors = GradSampleHooks.validate(model, strict=False)
-    if errors:
-        _refuse(f"Opacus cannot take per-record gradients of a layer with buffers ({str(errors[0]).split('(')[-1]}")
+    buffered = [(name, layer) for name, layer in trainable_modules(model) if next(layer.buffers(), None) is not None]
+    if buffered:  # Opacus' GradSampleHooks.validate's rule
+        name, layer = buffered[0]
+        _refuse(f"Opacus cannot take per-record gradients of {name} ({type(layer).__name__}), a trained layer that "
+                "holds buffers")
     if cfg.aug != "none":
         shared = " and shares them" if cfg.aug.startswith("fedrdn") else ""
         raise MpiflError(f"--dpsgd-clip: --aug {cfg.aug} normalizes each client's images by statistics of its "

@@ -14,7 +14,8 @@ from opacus.accountants.rdp import RDPAccountant
 
 from mpifl.algorithms import REGISTRY, ClientState
 from mpifl.plan.clients import ClientSpec
-from mpifl.privacy.dp_sgd import HISTORY, DpSgd, steps_per_epoch
+from mpifl.errors import MpiflError
+from mpifl.privacy.dp_sgd import HISTORY, DpSgd, check, steps_per_epoch
 
 from ..algorithms.helpers import make_algo, own_options
 from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
@@ -182,6 +183,18 @@ def test_a_method_whose_rule_per_record_clipping_cannot_follow_is_refused_in_one
     line = _refusal(run_here(*_args(data_root, tmp_path / "p", "--algo", "fedproto", "--norm", "gn",
                                     "--dpsgd-noise", "1")))
     assert "loss of its own (batch_loss)" in line
+
+
+def test_a_trained_layer_holding_buffers_is_refused_in_one_line_naming_it():
+    class Scaled(torch.nn.Linear):
+        def __init__(self):
+            super().__init__(4, 4)
+            self.register_buffer("scale", torch.ones(4))
+
+    algo, _ = make_algo("fedavg-gn", {"dpsgd_clip": 1.0, "dpsgd_noise": 1.0})
+    with pytest.raises(MpiflError, match=r"^--dpsgd-clip: Opacus cannot take per-record gradients of 1 \(Scaled\), "
+                                         r"a trained layer that holds buffers; use .*--algo fedwon"):
+        check(algo.cfg, algo, torch.nn.Sequential(torch.nn.Linear(4, 4), Scaled()), [], 0)
 
 
 @pytest.mark.parametrize("flags, problem", [
