@@ -21,7 +21,9 @@ rescaled to ``lambda * max(||W_i||_F, 1e-3) / ||G_i||_F * G_i`` when
 (:func:`~mpifl.models.agc.adaptive_clip_`, which states the NF-Nets unit rule
 for biases and WSConv gains).  The final classifier (``model.classifier``) is
 not clipped, as in NF-Nets (Brock et al., 2021b), which FedWon follows.  The clipped gradient is
-what plain SGD (``--momentum``, ``--weight-decay`` as given) then applies.
+what plain SGD (``--momentum``, ``--weight-decay`` as given) then applies.  Under record-level DP-SGD
+(``--dpsgd-clip``, :mod:`mpifl.privacy.dp_sgd`) AGC clips the privatized gradient (each record's clipped to C,
+summed, noised, averaged): post-processing, which costs no privacy.
 
 ``--agc-clip LAMBDA`` sets the threshold; ``0`` turns AGC off.  Left unset
 (auto), it follows the paper's settings: AGC is used only at batch size 32

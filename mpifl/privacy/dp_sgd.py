@@ -13,7 +13,8 @@ A client with n training records and batch size B takes, every local epoch, ceil
    ``DPOptimizer``, flat clipping);
 4. **noise**: g = (sum_i g_i + N(0, sigma^2 C^2 I)) / (q n), the noise from a torch generator seeded by
    (seed, client, round) (:func:`~mpifl.plan.seeding.noise_seed`), divided by the expected batch size (Opacus'
-   "mean" reduction);
+   "mean" reduction); Opacus' default ``secure_mode=False``: torch's normal sampler, not hardened against
+   floating-point attacks on the noise;
 5. then, as post-processing of g, which costs no privacy: the method's ``after_backward`` (FedProx's proximal
    term, SCAFFOLD's control variates, FedWon's adaptive gradient clipping, which thus clips the noised mean
    gradient unit-wise against the weights), ``--max-grad-norm`` and the optimizer's step.
@@ -24,7 +25,10 @@ steps); it lives in the client's private state as float64 rows under :data:`HIST
 resumed run continues the same epsilon.  delta is ``--dpsgd-delta``, or 1 / n.  sigma is ``--dpsgd-noise``, or
 calibrated per client with Opacus' ``get_noise_multiplier`` so that its epsilon after the run's planned steps (the
 rounds up to ``--schedule-rounds`` it is sampled in, times its local epochs, times ceil(n / B)) is at most
-``--dpsgd-epsilon`` (within 1 %).
+``--dpsgd-epsilon`` (within 1 %).  The guarantee covers the method's uploads over the whole run: they are
+post-processing of the client's DP-SGD steps and of what it received, and the accountant composes the steps of all
+its rounds (RDP composes adaptively).  It does not cover the simulator's monitoring: the training loss, accuracy and
+records seen that each client reports for ``metrics.jsonl`` (``client.meta``) are not privatized.
 
 **What is refused** (:func:`check`, one line at set-up): models with batch statistics (BatchNorm and any norm with
 running statistics mix a batch's records and keep a statistic of them); a method with its own loss
@@ -48,6 +52,7 @@ from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DPOptimizer
+from opacus.utils.module_utils import trainable_modules
 from torch import nn
 
 from ..algorithms import Algorithm, ClientState
@@ -212,9 +217,11 @@ def check(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[Clien
     if statistics:
         _refuse(f"the model keeps batch statistics ({statistics[0]} ...), which mix a batch's records and are a "
                 f"statistic of them")
-    errors = GradSampleHooks.validate(model, strict=False)
-    if errors:
-        _refuse(f"Opacus cannot take per-record gradients of a layer with buffers ({str(errors[0]).split('(')[-1]}")
+    buffered = [(name, layer) for name, layer in trainable_modules(model) if next(layer.buffers(), None) is not None]
+    if buffered:  # Opacus' GradSampleHooks.validate's rule
+        name, layer = buffered[0]
+        _refuse(f"Opacus cannot take per-record gradients of {name} ({type(layer).__name__}), a trained layer that "
+                "holds buffers")
     if cfg.aug != "none":
         shared = " and shares them" if cfg.aug.startswith("fedrdn") else ""
         raise MpiflError(f"--dpsgd-clip: --aug {cfg.aug} normalizes each client's images by statistics of its "

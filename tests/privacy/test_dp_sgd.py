@@ -14,7 +14,8 @@ from opacus.accountants.rdp import RDPAccountant
 
 from mpifl.algorithms import REGISTRY, ClientState
 from mpifl.plan.clients import ClientSpec
-from mpifl.privacy.dp_sgd import HISTORY, DpSgd, steps_per_epoch
+from mpifl.errors import MpiflError
+from mpifl.privacy.dp_sgd import HISTORY, DpSgd, check, steps_per_epoch
 
 from ..algorithms.helpers import make_algo, own_options
 from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
@@ -70,6 +71,19 @@ def test_the_noise_of_a_step_without_records_has_std_sigma_c_over_the_expected_b
     assert abs(float(noise.mean())) < 0.05 * sigma * clip / batch
 
 
+def test_the_noise_is_drawn_from_the_clients_stream_of_its_round_whatever_torchs_global_state():
+    def noise(round_index, global_seed):
+        algo, model = make_algo("fedwon", {"dpsgd_clip": 1.0, "dpsgd_noise": 1.0, "batch_size": 8})
+        dp = DpSgd(model, torch.optim.SGD(model.parameters(), lr=0.1), algo, _client(64), round_index)
+        torch.manual_seed(global_seed)
+        dp.optimizer.zero_grad(set_to_none=True)
+        dp.privatize(empty=True)
+        return _flat(p.grad for p in dp.optimizer.params)
+
+    assert torch.equal(noise(2, global_seed=0), noise(2, global_seed=1))
+    assert not torch.equal(noise(2, global_seed=0), noise(3, global_seed=0))
+
+
 def test_the_epsilon_is_opacus_rdp_analysis_of_q_sigma_steps_and_delta():
     sigma, batch, n = 1.1, 8, 64
     _, _, client, dp = _dp(noise=sigma, batch=batch, n=n)
@@ -84,9 +98,12 @@ def test_the_epsilon_is_opacus_rdp_analysis_of_q_sigma_steps_and_delta():
     assert client.private[HISTORY].tolist() == [[sigma, batch / n, 37]]
 
 
+AGC = ("--agc-clip", "0.64")
+
+
 def _args(data_root, out, *extra, clip="1"):
-    """FedWon (scaled weight-standardized convs, adaptive gradient clipping) under DP-SGD (``--dpsgd-clip clip``;
-    None: without), 64 images per client."""
+    """FedWon (scaled weight-standardized convs) under DP-SGD (``--dpsgd-clip clip``; None: without), 64 images per
+    client; add :data:`AGC` for its adaptive gradient clipping (auto: off below batch size 32)."""
     return ["--data-root", str(data_root), "--model", "smallcnn", "--out", str(out), "--algo", "fedwon", "--lr",
             "0.05", "--threads", "1", "--samples-per-client", "64", "--batch-size", "16", "--eval-batch-size", "256",
             *(("--dpsgd-clip", clip) if clip else ()), *extra]
@@ -95,7 +112,7 @@ def _args(data_root, out, *extra, clip="1"):
 def test_each_rounds_epsilon_is_the_accountants_over_the_steps_taken_so_far(data_root, tmp_path):
     sigma, q, n = 0.9, 16 / 64, 64
     job = run_here(*_args(data_root, tmp_path / "r", "--rounds", "3", "--local-epochs", "2", "--dpsgd-noise",
-                          str(sigma)))
+                          str(sigma), *AGC))
     assert job.returncode == 0, job.stderr
     orders = RDPAccountant.DEFAULT_ALPHAS
     for record in read_metrics(tmp_path / "r"):
@@ -121,7 +138,7 @@ def test_a_target_epsilon_is_reached_within_five_percent_by_the_runs_end(data_ro
 
 
 def test_a_resumed_run_continues_every_clients_epsilon_and_model_bit_for_bit(data_root, tmp_path):
-    extra = ("--dpsgd-noise", "1.0", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "3")
+    extra = ("--dpsgd-noise", "1.0", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "3", *AGC)
     whole = run_here(*_args(data_root, tmp_path / "whole", "--rounds", "3", *extra))
     assert whole.returncode == 0, whole.stderr
     first = run_here(*_args(data_root, tmp_path / "cut", "--rounds", "2", "--ckpt-every", "1", *extra))
@@ -134,7 +151,7 @@ def test_a_resumed_run_continues_every_clients_epsilon_and_model_bit_for_bit(dat
 @pytest.mark.slow
 def test_the_same_bits_in_one_process_and_on_1_2_and_3_client_ranks(data_root, tmp_path):
     extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--dpsgd-epsilon",
-             "3")
+             "3", *AGC)
     job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
     assert job.returncode == 0, job.stderr
     in_process = _numbers(read_metrics(tmp_path / "in-process"))
@@ -168,6 +185,18 @@ def test_a_method_whose_rule_per_record_clipping_cannot_follow_is_refused_in_one
     assert "loss of its own (batch_loss)" in line
 
 
+def test_a_trained_layer_holding_buffers_is_refused_in_one_line_naming_it():
+    class Scaled(torch.nn.Linear):
+        def __init__(self):
+            super().__init__(4, 4)
+            self.register_buffer("scale", torch.ones(4))
+
+    algo, _ = make_algo("fedavg-gn", {"dpsgd_clip": 1.0, "dpsgd_noise": 1.0})
+    with pytest.raises(MpiflError, match=r"^--dpsgd-clip: Opacus cannot take per-record gradients of 1 \(Scaled\), "
+                                         r"a trained layer that holds buffers; use .*--algo fedwon"):
+        check(algo.cfg, algo, torch.nn.Sequential(torch.nn.Linear(4, 4), Scaled()), [], 0)
+
+
 @pytest.mark.parametrize("flags, problem", [
     (("--dpsgd-clip", "nan"), "--dpsgd-clip must be a finite number"),
     (("--dpsgd-clip", "-1"), "--dpsgd-clip must be > 0 (0 = off), got -1"),
@@ -178,6 +207,11 @@ def test_a_method_whose_rule_per_record_clipping_cannot_follow_is_refused_in_one
     (("--dpsgd-noise", "1"), "act only with DP-SGD on: give --dpsgd-clip C or drop them"),
     (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--aug", "fedrdn"), "--aug fedrdn normalizes each client's images by "
                                                                       "statistics of its records and shares them"),
+    (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--precision", "bf16"), "drop --precision bf16"),
+    (("--dpsgd-clip", "1", "--dpsgd-noise", "1", "--stream-above", "0"), "would stream from its shard, and Poisson "
+                                                                         "sampling reads any record at any step"),
+    (("--dpsgd-clip", "1", "--dpsgd-epsilon", "1e-06", "--dpsgd-delta", "1e-10"),
+     "--dpsgd-epsilon 1e-06: no noise multiplier reaches it"),
 ])
 def test_option_values_it_cannot_take_are_refused_in_one_line(data_root, tmp_path, flags, problem):
     job = run_here(*_args(data_root, tmp_path / "o", *flags, clip=None))
