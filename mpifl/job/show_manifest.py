@@ -28,7 +28,7 @@ def manifest_text(cfg: RunConfig) -> str:
     kept += ("\n  dpsgd/history: with --dpsgd-clip, the client's RDP accountant history, rows of (noise multiplier, "
              "sampling rate, steps), float64 (mpifl.privacy.dp_sgd)" if cfg.dpsgd_clip else "")
     per_round = (f"each taking part with probability {cfg.fraction:g} (Poisson), {len(session.sampled(1))} in round 1"
-                 if session.privacy.samples_poisson else f"{len(session.sampled(1))} per round")
+                 if cfg.dp_clip else f"{len(session.sampled(1))} per round")
     return (f"clients: {len(session.clients)} over {len(domains)} domains, {per_round}\n"
             + format_manifest(cfg.algo, session.policy(), len(session.sampled(1)), setup,
                               len(session.training_ids), marks(session.privacy)) + kept

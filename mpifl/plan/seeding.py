@@ -50,6 +50,13 @@ def dp_client_generator(seed: int, client: int, round_index: int, device: torch.
     return generator
 
 
+def participants(seed: int, round_index: int, num_clients: int, fraction: float, poisson: bool) -> np.ndarray:
+    """A round's participants among N training clients (positions, ascending): Poisson sampling at rate
+    ``fraction`` where client-level DP's accountant assumes it (``poisson``: ``--dp-clip``), else a fixed-size
+    sample (:func:`sample_clients`)."""
+    return (poisson_clients if poisson else sample_clients)(seed, round_index, num_clients, fraction)
+
+
 def client_rng(seed: int, client: int, round_index: int) -> np.random.Generator:
     """numpy generator for one client's round (batch order)."""
     return np.random.default_rng(_sequence(seed, _CLIENT, client, round_index))

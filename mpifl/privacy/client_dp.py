@@ -3,7 +3,7 @@ Recurrent Language Models", ICLR 2018), with adaptive clipping as a choice (Andr
 "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021).
 
 Each round every training client takes part independently with probability q = ``--fraction`` (Poisson sampling,
-drawn from (seed, round): :func:`~mpifl.plan.seeding.poisson_clients`), m = qN clients expected.  A sampled client's
+drawn from (seed, round): :func:`~mpifl.plan.seeding.participants`), m = qN clients expected.  A sampled client's
 update Delta_k = theta_k - theta (what it uploads less what it downloaded, over every uploaded model entry, BN
 statistics included) is clipped on its host rank to L2 norm C::
 
@@ -228,10 +228,6 @@ class ClientLevelDP(Privacy):
         spent = accountant.epsilon(history, self.delta, FLAG) if self.noise else math.inf
         return {"epsilon": spent, "delta": self.delta, "noise_multiplier": self.noise,
                 "clip": float(state.extra[CLIP][0]), "mode": self.cfg.dp_mode}
-
-    @property
-    def samples_poisson(self) -> bool:
-        return True
 
     def describe(self) -> str:
         """log.txt's line."""

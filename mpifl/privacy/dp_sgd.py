@@ -60,7 +60,7 @@ from ..errors import MpiflError
 from ..plan.batches import streams
 from ..plan.clients import ClientSpec
 from ..plan.config import RunConfig
-from ..plan.seeding import noise_seed, sample_clients
+from ..plan.seeding import noise_seed, participants
 
 # the first layer's input takes no gradient, so torch warns that its full backward hook sees only the output's,
 # which is all Opacus' per-record rules read
@@ -95,17 +95,17 @@ def delta_of(cfg: RunConfig, num_train: int) -> float:
 
 def planned_steps(cfg: RunConfig, algo: Algorithm, spec: ClientSpec) -> int:
     """The steps a client takes up to round ``--schedule-rounds`` (:attr:`RunConfig.horizon`)."""
-    rounds = _rounds_sampled(cfg.seed, len(algo.training_ids), cfg.fraction, cfg.horizon)
+    rounds = _rounds_sampled(cfg.seed, len(algo.training_ids), cfg.fraction, cfg.horizon, cfg.dp_clip > 0)
     return (rounds[algo.training_ids.index(spec.id)] * algo.local_epochs()
             * steps_per_epoch(spec.num_train, cfg.batch_size))
 
 
 @lru_cache(maxsize=8)
-def _rounds_sampled(seed: int, clients: int, fraction: float, horizon: int) -> np.ndarray:
-    """Per training client (by position), the rounds 1..horizon it is sampled in."""
+def _rounds_sampled(seed: int, clients: int, fraction: float, horizon: int, poisson: bool) -> np.ndarray:
+    """Per training client (by position), the rounds 1..horizon it is sampled in (as the session samples them)."""
     counts = np.zeros(clients, dtype=np.int64)
     for r in range(1, horizon + 1):
-        counts[sample_clients(seed, r, clients, fraction)] += 1
+        counts[participants(seed, r, clients, fraction, poisson)] += 1
     return counts
 
 

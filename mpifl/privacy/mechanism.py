@@ -14,10 +14,7 @@ from ..transport.wire import TensorSpec
 
 
 class Privacy:
-    """No mechanism: the method's manifest, uploads and sums as they are, sampling as ``--fraction`` says."""
-
-    #: clients take part in a round independently with probability q (Poisson sampling), as the accountant assumes
-    samples_poisson = False
+    """No mechanism: the method's manifest, uploads and sums as they are."""
 
     def policy(self, policy: SharePolicy) -> SharePolicy:
         """The wire manifest: the method's, and the mechanism's own tensors."""

@@ -24,7 +24,7 @@ from ..plan.clients import SPLITS, ClientSpec, make_clients
 from ..plan.config import RunConfig
 from ..plan.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..plan.placement import place_clients
-from ..plan.seeding import poisson_clients, sample_clients, seed_model_init
+from ..plan.seeding import participants, seed_model_init
 from ..plan.task import task_of
 from ..privacy import Privacy, privacy_of
 from ..privacy.secure import SecureAggregation
@@ -80,7 +80,7 @@ class Session:
         if not self.cfg.secure_aggregation:
             return None
         planned = self.planned(1)
-        if self.privacy.samples_poisson:  # each round's count is drawn: one round of a single client would show it
+        if self.cfg.dp_clip:  # Poisson sampling draws each round's count: a round of one client would show it
             counts = [len(self.sampled(r)) for r in range(1, self.cfg.rounds + 1)]
             if 1 in counts:
                 raise MpiflError(f"--secure-aggregation: round {counts.index(1) + 1} of this run's Poisson sample "
@@ -110,8 +110,8 @@ class Session:
     def sampled(self, round_index: int) -> np.ndarray:
         """The round's participants: a seeded sample of the training clients, ascending (Poisson sampling under a
         privacy mechanism whose accounting assumes it)."""
-        draw = poisson_clients if self.privacy.samples_poisson else sample_clients
-        return self.training_ids[draw(self.cfg.seed, round_index, len(self.training_ids), self.cfg.fraction)]
+        return self.training_ids[participants(self.cfg.seed, round_index, len(self.training_ids), self.cfg.fraction,
+                                              poisson=self.cfg.dp_clip > 0)]
 
     @cached_property
     def domain_of(self) -> dict[int, str]:
