@@ -255,3 +255,19 @@ def test_without_the_privacy_extra_a_dp_option_is_one_line_naming_it(data_root, 
     lines = job.stderr.strip().splitlines()
     assert job.returncode and len(lines) == 1 and 'pip install -e ".[privacy]"' in lines[0], job.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_the_three_mechanisms_compose_in_one_run(data_root, tmp_path):
+    """DP-SGD inside the clients, their updates clipped and masked, the noise added to the dequantized sum: both
+    guarantees are reported, each by its own accountant."""
+    run = tmp_path / "run"
+    job = run_here(*_args(data_root, run, "--algo", "fedavg-gn", "--rounds", "2", "--fraction", "0.5", "--seed", "4",
+                          "--samples-per-client", "32", "--dp-clip", "1", "--dp-noise", "1", "--dpsgd-clip", "1",
+                          "--dpsgd-noise", "1", "--secure-aggregation"))
+    assert job.returncode == 0, job.stderr
+    last = read_metrics(run)[-1]
+    assert last["privacy"]["epsilon"] == pytest.approx(_independent_epsilon(0.5, 1.0, 2, 0.1))
+    assert last["dp_sgd"]["epsilon_max"] > 0
+    summary = (run / "summary.md").read_text()
+    assert "client-level DP (central)" in summary and "Record-level DP-SGD" in summary
