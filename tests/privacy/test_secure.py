@@ -105,7 +105,7 @@ def test_the_masks_are_the_same_words_on_any_number_of_threads(data_root, bits, 
 
 
 @pytest.mark.parametrize("algo", ["fedavg", "feddyn", "scaffold", "feddc"])
-@pytest.mark.parametrize("bits", [24, 32, 64])
+@pytest.mark.parametrize("bits", [24, 32, 48, 64])
 def test_secure_sums_are_within_the_quantization_bound_of_the_plain_fold(data_root, algo, bits):
     """FedDyn and FedDC sum one upload twice with different coefficients: one masked tensor per reduction."""
     result = _round(_session(data_root, "--secagg-bits", str(bits), algo=algo), 2, seed=bits)
