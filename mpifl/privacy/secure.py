@@ -44,12 +44,12 @@ a method's one-time exchange shares in the clear (FedMix's mean images, FedRDN's
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import hashlib
 import math
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -241,7 +241,7 @@ class SecureRound:
         blocks = -(-words.size // MASK_BLOCK)
         parts = max(1, min(torch.get_num_threads(), blocks))
         cuts = [min(blocks * i // parts * MASK_BLOCK, words.size) for i in range(parts + 1)]
-        with ThreadPoolExecutor(parts - 1) if parts > 1 else contextlib.nullcontext() as pool:
+        with concurrent.futures.ThreadPoolExecutor(parts - 1) if parts > 1 else contextlib.nullcontext() as pool:
             others = [pool.submit(_mask_run, words, seeds, low, high) for low, high in zip(cuts[1:-1], cuts[2:])]
             _mask_run(words, seeds, cuts[0], cuts[1])
             for future in others:
