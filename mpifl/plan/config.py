@@ -465,6 +465,7 @@ ACTS_ONLY = (
       for name in ("dp_noise", "dp_epsilon", "dp_delta", "dp_mode", "dp_clipping")),
     *((name, lambda cfg: cfg.dp_clipping == "adaptive", "with --dp-clipping adaptive")
       for name in ("dp_quantile", "dp_clip_lr", "dp_count_noise")),
+    *((name, lambda cfg: cfg.secure_aggregation, "with --secure-aggregation") for name in ("secagg_bits", "secagg_range")),
 )
 
 

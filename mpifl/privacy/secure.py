@@ -44,6 +44,8 @@ a method's one-time exchange shares in the clear (FedMix's mean images, FedRDN's
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import copy
 import hashlib
 import math
@@ -233,15 +235,19 @@ class SecureRound:
             out[low:low + part.size] = np.rint(part, out=part)
 
     def _add_masks(self, words: np.ndarray, sampled: list[int], client: int) -> None:
-        """words += sum_{j > k} PRG(s_kj) - sum_{j < k} PRG(s_jk), modulo 2^B, a cache-sized block at a time (both
-        clients of a pair draw the same blocks of their stream)."""
-        streams = [(np.random.PCG64DXSM(self.secure.pair_seed(client, other, self.round)),
-                    np.add if other > client else np.subtract) for other in sampled if other != client]
-        per_draw = 8 // words.itemsize
-        for low in range(0, words.size, MASK_BLOCK):
-            block = words[low:low + MASK_BLOCK]
-            for prg, sign in streams:
-                sign(block, prg.random_raw(-(-block.size // per_draw)).view(words.dtype)[:block.size], out=block)
+        """words += sum_{j > k} PRG(s_kj) - sum_{j < k} PRG(s_jk), modulo 2^B, on the client rank's torch threads
+        (``--threads``, idle while it masks), each a run of blocks whose streams it advances to: the same words
+        for any number of threads."""
+        seeds = [(self.secure.pair_seed(client, other, self.round), np.add if other > client else np.subtract)
+                 for other in sampled if other != client]
+        blocks = -(-words.size // MASK_BLOCK)
+        parts = max(1, min(torch.get_num_threads(), blocks))
+        cuts = [min(blocks * i // parts * MASK_BLOCK, words.size) for i in range(parts + 1)]
+        with concurrent.futures.ThreadPoolExecutor(parts - 1) if parts > 1 else contextlib.nullcontext() as pool:
+            others = [pool.submit(_mask_run, words, seeds, low, high) for low, high in zip(cuts[1:-1], cuts[2:])]
+            _mask_run(words, seeds, cuts[0], cuts[1])
+            for future in others:
+                future.result()
         if self.secure.bits < 8 * words.itemsize:
             words &= (1 << self.secure.bits) - 1
 
@@ -254,3 +260,14 @@ class SecureRound:
             signed = (total.view(unsigned) << unsigned(shift)).view(self.secure.word) >> shift
             out[name] = np.ldexp(signed.astype(np.float64), -self.fraction)
         return out
+
+
+def _mask_run(words: np.ndarray, seeds: list, start: int, stop: int) -> None:
+    """Add each pair's stream, with its sign, to ``words[start:stop]`` (``start`` a block boundary), a cache-sized
+    block at a time; both clients of a pair draw the same blocks of their stream."""
+    per_draw = 8 // words.itemsize  # words per 64-bit draw
+    streams = [(np.random.PCG64DXSM(seed).advance(start // per_draw), sign) for seed, sign in seeds]
+    for low in range(start, stop, MASK_BLOCK):
+        block = words[low:min(low + MASK_BLOCK, stop)]
+        for prg, sign in streams:
+            sign(block, prg.random_raw(-(-block.size // per_draw)).view(words.dtype)[:block.size], out=block)

@@ -138,6 +138,7 @@ def test_the_epsilon_of_every_round_is_the_accountants_and_dp_epsilon_is_met(dat
     (("--dp-clip", "1", "--dp-noise", "inf"), "--dp-noise must be a finite number"),
     (("--dp-clip", "1",), "--dp-clip needs --dp-noise"),
     (("--dp-noise", "1",), "--dp-noise 1.0 acts only with --dp-clip"),
+    (("--secagg-bits", "48",), "--secagg-bits 48 acts only with --secure-aggregation"),
     (("--dp-clip", "1", "--dp-noise", "1", "--dp-epsilon", "0.5"), "past --dp-epsilon 0.5"),
     (("--dp-clip", "1", "--dp-noise", "1", "--algo", "scaffold"), "--dp-clip: --algo scaffold uploads"),
     (("--dp-clip", "1", "--dp-noise", "1", "--aug", "fedrdn"), "exchanges"),

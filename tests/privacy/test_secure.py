@@ -12,6 +12,7 @@ from mpifl.algorithms.core.reduction import weighted_sum
 from mpifl.data import ensure_dataset
 from mpifl.errors import MpiflError
 from mpifl.job.cli import configuration
+from mpifl.privacy.secure import MASK_BLOCK
 from mpifl.server.folding import Folding, FoldThreads
 from mpifl.session.session import make_session
 from mpifl.transport.messages import CLIENT_META, Messages
@@ -88,8 +89,23 @@ def test_rank_0_holds_only_masked_uploads_whose_modular_sum_is_the_quantized_sum
     assert not masks_alone.any()
 
 
+@pytest.mark.parametrize("bits", [32, 64])
+def test_the_masks_are_the_same_words_on_any_number_of_threads(data_root, bits, monkeypatch):
+    """The client rank masks on its torch threads, each a run of blocks: one thread or three, the same words."""
+    session = _session(data_root, "--secagg-bits", str(bits))
+    secure, sampled = _agree(session), [int(c) for c in session.sampled(1)]
+    round_ = secure.open(1, secure.coefficients(session.planned(1)), session.messages())
+    size = 5 * MASK_BLOCK + 3  # blocks shared unevenly, a short last block
+    masked = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        masked[threads] = words = np.zeros(size, dtype=secure.word)
+        round_._add_masks(words, sampled, sampled[1])
+    assert masked[1].any() and np.array_equal(masked[1], masked[3])
+
+
 @pytest.mark.parametrize("algo", ["fedavg", "feddyn", "scaffold", "feddc"])
-@pytest.mark.parametrize("bits", [24, 32, 64])
+@pytest.mark.parametrize("bits", [24, 32, 48, 64])
 def test_secure_sums_are_within_the_quantization_bound_of_the_plain_fold(data_root, algo, bits):
     """FedDyn and FedDC sum one upload twice with different coefficients: one masked tensor per reduction."""
     result = _round(_session(data_root, "--secagg-bits", str(bits), algo=algo), 2, seed=bits)
