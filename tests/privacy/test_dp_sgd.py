@@ -18,8 +18,7 @@ from mpifl.errors import MpiflError
 from mpifl.privacy.dp_sgd import HISTORY, DpSgd, check, steps_per_epoch
 
 from ..algorithms.helpers import make_algo, own_options
-from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
-from ..job.test_run import _numbers
+from ..conftest import read_metrics, run_here, untimed
 
 
 def _client(n: int) -> ClientState:
@@ -146,20 +145,6 @@ def test_a_resumed_run_continues_every_clients_epsilon_and_model_bit_for_bit(dat
     resumed = run_here("--resume", str(tmp_path / "cut"), "--rounds", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert untimed(read_metrics(tmp_path / "cut")) == untimed(read_metrics(tmp_path / "whole"))
-
-
-@pytest.mark.slow
-def test_the_same_bits_in_one_process_and_on_1_2_and_3_client_ranks(data_root, tmp_path):
-    extra = ("--rounds", "2", "--clients-per-domain", "2", "--fraction", "0.5", "--seed", "7", "--dpsgd-epsilon",
-             "3", *AGC)
-    job = run_in_process(*_args(data_root, tmp_path / "in-process", *extra))
-    assert job.returncode == 0, job.stderr
-    in_process = _numbers(read_metrics(tmp_path / "in-process"))
-    assert all(r["dp_sgd"]["epsilon_max"] > 0 for r in in_process)
-    for n in (2, 3, 4):
-        job = launch(n, *_args(data_root, tmp_path / f"n{n}", *extra))
-        assert job.returncode == 0, job.stderr
-        assert _numbers(read_metrics(tmp_path / f"n{n}")) == in_process
 
 
 def _refusal(job) -> str:

@@ -1,5 +1,5 @@
-"""Secure aggregation in whole runs: what rank 0 receives, and the same bits on any number of client ranks, in one
-process, and after a stop and ``--resume``."""
+"""Secure aggregation in a whole run: what rank 0 receives (the same bits on any rank count and after a resume:
+``test_rank_counts.py``, with every mechanism at once)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from mpifl.algorithms.core.reduction import weighted_sum
 from mpifl.privacy import secure as secure_module
 from mpifl.server import folding as folding_module
 
-from ..conftest import launch, read_metrics, run_here, run_in_process
-from ..job.test_run import _numbers
-from ..rundir.test_checkpoint import numbers
+from ..conftest import run_here
 
 pytestmark = pytest.mark.slow
 
@@ -78,30 +76,3 @@ def test_rank_0_receives_only_masked_uploads_whose_sum_is_the_quantized_sum(data
         for name, reduction in secure.reductions.items():  # within the bound of the plain float64 fold
             plain = weighted_sum([c["upload"][reduction.upload] for c in round_clients], reduction.coefficients)
             assert np.abs(dequantized[name] - plain).max() <= secure.bound + 1e-15, name
-
-
-def test_same_numbers_in_process_and_on_1_2_and_3_client_ranks(data_root, tmp_path):
-    job = run_in_process(*_args(data_root, tmp_path / "in-process", "--rounds", "2"))
-    assert job.returncode == 0, job.stderr
-    expected = _numbers(read_metrics(tmp_path / "in-process"))
-    for n in (2, 3, 4):
-        job = launch(n, *_args(data_root, tmp_path / f"n{n}", "--rounds", "2"))
-        assert job.returncode == 0, job.stderr
-        assert _numbers(read_metrics(tmp_path / f"n{n}")) == expected, n
-    plain = run_here(*_args(data_root, tmp_path / "plain", "--rounds", "2", secure=False))
-    assert plain.returncode == 0, plain.stderr
-    assert _numbers(read_metrics(tmp_path / "plain")) != expected  # quantized: close, not the same bits
-    assert "secure aggregation: masked uploads in Z_2^32" in (tmp_path / "n3" / "log.txt").read_text()
-
-
-def test_a_stopped_run_resumed_on_another_rank_count_repeats_the_uninterrupted_one(data_root, tmp_path):
-    uninterrupted = tmp_path / "full"
-    job = launch(3, *_args(data_root, uninterrupted, "--rounds", "4"))
-    assert job.returncode == 0, job.stderr
-    run = tmp_path / "run"
-    stopped = launch(3, *_args(data_root, run, "--rounds", "4"), env={"MPIFL_FAULT": "stop:rank=0,round=3"})
-    assert stopped.returncode == 75, stopped.stderr
-    assert [r["round"] for r in read_metrics(run)] == [1, 2]  # stopped while round 3 trained
-    resumed = run_in_process("--resume", str(run))  # one client host instead of two; fresh keys, same masks' sum
-    assert resumed.returncode == 0, resumed.stderr
-    assert numbers(run) == numbers(uninterrupted)
