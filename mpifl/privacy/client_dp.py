@@ -201,8 +201,10 @@ class ClientLevelDP(Privacy):
         for key in self.keys:
             total = sums.setdefault(key, np.zeros(state.model[key].shape))  # a round no client took part in
             if scale:
-                total += rng.standard_normal(total.shape) * scale
-            total += state.model[key].double().numpy()
+                noise = rng.standard_normal(total.shape)
+                noise *= scale
+                total += noise
+            total += state.model[key].numpy()  # float32 widened exactly, then added: float64(theta) + the sum
         for key in self.variances.intersection(self.keys):  # noise may push a variance below 0: clamped
             np.maximum(sums[key], 0.0, out=sums[key])  # (post-processing)
         if self.adaptive:
