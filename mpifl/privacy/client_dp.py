@@ -122,12 +122,12 @@ class ClientLevelDP(Privacy):
         self.count_noise = cfg.dp_count_noise or self.expected / 20  # sigma_b
         self.update_noise = self.noise  # z_Delta
         if self.adaptive and not self.local:
-            if self.noise and self.noise >= 2 * self.count_noise:
+            if self.noise >= 2 * self.count_noise:
                 raise MpiflError(f"--dp-clipping adaptive: the count's noise sigma_b = {self.count_noise:g} must "
                                  f"exceed z/2 = {self.noise / 2:g} (--dp-noise, or what --dp-epsilon needs), else no "
                                  "noise is left for the update (Andrew et al., Theorem 1); raise --dp-count-noise or "
                                  "--fraction, or use --dp-clipping fixed")
-            self.update_noise = (self.noise ** -2 - (2 * self.count_noise) ** -2) ** -0.5 if self.noise else 0.0
+            self.update_noise = (self.noise ** -2 - (2 * self.count_noise) ** -2) ** -0.5
         self.variances = {e.key for e in algo.entries if e.attr == "running_var"}
 
     @property
@@ -164,7 +164,7 @@ class ClientLevelDP(Privacy):
         norm = float(torch.linalg.vector_norm(norms))  # one wait for the device, whatever the entries
         if norm > clip:
             torch._foreach_mul_(deltas, clip / norm * MARGIN)
-        if self.local and self.noise:
+        if self.local:
             generator = dp_client_generator(self.cfg.seed, client, round_index, deltas[0].device)
             for d in deltas:
                 noise = torch.randn(d.shape, generator=generator, device=d.device, dtype=d.dtype)
@@ -227,9 +227,8 @@ class ClientLevelDP(Privacy):
     def record(self, state: ServerState) -> dict:
         """The guarantee so far, for ``metrics.jsonl``: epsilon at delta, z, C of the next round."""
         history = accountant.history_of(state.extra[HISTORY])
-        spent = accountant.epsilon(history, self.delta, FLAG) if self.noise else math.inf
-        return {"epsilon": spent, "delta": self.delta, "noise_multiplier": self.noise,
-                "clip": float(state.extra[CLIP][0]), "mode": self.cfg.dp_mode}
+        return {"epsilon": accountant.epsilon(history, self.delta, FLAG), "delta": self.delta,
+                "noise_multiplier": self.noise, "clip": float(state.extra[CLIP][0]), "mode": self.cfg.dp_mode}
 
     def describe(self) -> str:
         """log.txt's line."""
@@ -251,8 +250,7 @@ def resolve_noise(cfg: RunConfig, training_clients: int) -> None:
     rate, z_scale = (1.0, 0.5) if local else (cfg.fraction, 1.0)
     if cfg.dp_noise is None:
         cfg.dp_noise = accountant.noise_for(cfg.dp_epsilon, cfg.dp_delta, rate, cfg.rounds, FLAG) / z_scale
-    reached = (accountant.epsilon([(cfg.dp_noise * z_scale, rate, cfg.rounds)], cfg.dp_delta, FLAG)
-               if cfg.dp_noise else math.inf)
+    reached = accountant.epsilon([(cfg.dp_noise * z_scale, rate, cfg.rounds)], cfg.dp_delta, FLAG)
     if cfg.dp_epsilon is not None and reached > cfg.dp_epsilon:
         raise MpiflError(f"--dp-noise {cfg.dp_noise:g} reaches epsilon {reached:.4g} after {cfg.rounds} rounds, past "
                          f"--dp-epsilon {cfg.dp_epsilon:g}, the budget of the run: give fewer --rounds, or a larger "
