@@ -96,11 +96,11 @@ class SecureAggregation:
     key agreement (a one-time exchange), and each round's :class:`SecureRound`."""
 
     def __init__(self, cfg: RunConfig, algo: Algorithm, training_ids: Sequence[int], planned: Uploads,
-                 reductions: Callable[[ServerState, Uploads], dict[str, Reduction]] | None = None):
+                 reductions: Callable[[ServerState, Uploads], dict[str, Reduction]]):
         self.bits, self.range = cfg.secagg_bits, cfg.secagg_range
         self.word = np.int32 if self.bits <= 32 else np.int64
         self.algo = algo
-        self.reductions = reductions or algo.reductions  # the run's sums, as a privacy mechanism makes them
+        self.reductions = reductions  # the run's sums (the session's: as a privacy mechanism makes them)
         self.training_ids = [int(c) for c in training_ids]
         self.check(algo)
         clients = len(planned.clients)
