@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 
 import numpy as np
 import torch
@@ -42,18 +43,28 @@ def _orders(flag: str) -> list[float]:
     return opacus(flag).accountants.RDPAccountant.DEFAULT_ALPHAS
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)  # one (z, q) per client of a DP-SGD run, whose sizes and noise differ
 def _step_rdp(z: float, q: float, flag: str) -> tuple[float, ...]:
     analysis = importlib.import_module(opacus(flag).__name__ + ".accountants.analysis.rdp")
     return tuple(analysis.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=_orders(flag)))
 
 
+@functools.lru_cache(maxsize=256)  # the clients of a DP-SGD run share (rate, steps) when their sizes do
 def noise_for(target: float, delta: float, rate: float, steps: int, flag: str) -> float:
     """The least noise multiplier (Opacus' bisection, within 1 % of ``target``) whose ``steps`` compositions at
-    sampling rate ``rate`` reach epsilon <= ``target`` at ``delta``."""
+    sampling rate ``rate`` reach epsilon <= ``target`` at ``delta``; one line when none does (Opacus tries up to
+    1e6).  ``flag``: the mechanism's switch, ``--dp-clip`` or ``--dpsgd-clip``, whose family names the target and
+    delta options."""
     utils = importlib.import_module(opacus(flag).__name__ + ".accountants.utils")
-    return float(utils.get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=rate, steps=steps,
-                                            accountant="rdp", epsilon_tolerance=0.01 * target))
+    family = flag.rsplit("-", 1)[0]  # --dp, --dpsgd
+    try:
+        with warnings.catch_warnings():  # the search's large noises put the best order at the largest: no matter
+            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+            return float(utils.get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=rate,
+                                                    steps=steps, accountant="rdp", epsilon_tolerance=0.01 * target))
+    except ValueError:
+        raise MpiflError(f"{family}-epsilon {target:g}: no noise multiplier reaches it over {steps} steps at sampling "
+                         f"rate {rate:.4g} and delta {delta:.3g}; raise {family}-epsilon or {family}-delta") from None
 
 
 def add_step(history: list[tuple[float, float, int]], z: float, q: float) -> list[tuple[float, float, int]]:

@@ -49,7 +49,6 @@ from functools import lru_cache
 import numpy as np
 import torch
 from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DPOptimizer
 from opacus.utils.module_utils import trainable_modules
@@ -61,11 +60,13 @@ from ..plan.batches import streams
 from ..plan.clients import ClientSpec
 from ..plan.config import RunConfig
 from ..plan.seeding import noise_seed, participants
+from . import accountant
 
 # the first layer's input takes no gradient, so torch warns that its full backward hook sees only the output's,
 # which is all Opacus' per-record rules read
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to "
                         "module outputs")
+FLAG = "--dpsgd-clip"
 HISTORY = "dpsgd/history"  # private state: the accountant's (sigma, q, steps) rows, float64
 ALTERNATIVES = ("--algo fedwon (normalization-free), fedavg-gn or fedavg-ln, or a --norm without running statistics "
                 "(gn, ln, none)")
@@ -114,35 +115,17 @@ def noise_multiplier(cfg: RunConfig, algo: Algorithm, spec: ClientSpec) -> float
     if cfg.dpsgd_noise:
         return cfg.dpsgd_noise
     # a client sampled in no round up to the horizon is calibrated for one step (it trains only beyond it)
-    return _calibrated(cfg.dpsgd_epsilon, delta_of(cfg, spec.num_train), sample_rate(spec.num_train, cfg.batch_size),
-                       max(1, planned_steps(cfg, algo, spec)))
-
-
-@lru_cache(maxsize=256)
-def _calibrated(epsilon: float, delta: float, rate: float, steps: int) -> float:
-    try:
-        with warnings.catch_warnings():  # the search's large sigmas put the best order at the largest: no matter
-            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-            return get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate, steps=steps,
-                                        accountant="rdp", epsilon_tolerance=0.01 * epsilon)
-    except ValueError:  # Opacus: no sigma up to 1e6 reaches it
-        raise MpiflError(f"--dpsgd-epsilon {epsilon}: no noise multiplier reaches it over {steps} steps at sampling "
-                         f"rate {rate:.4g} and delta {delta:.3g}; raise --dpsgd-epsilon or --dpsgd-delta") from None
+    return accountant.noise_for(cfg.dpsgd_epsilon, delta_of(cfg, spec.num_train),
+                                sample_rate(spec.num_train, cfg.batch_size), max(1, planned_steps(cfg, algo, spec)),
+                                FLAG)
 
 
 def _accountant(rows: list[tuple[float, float, int]]) -> RDPAccountant:
     """Opacus' RDP accountant with the history ``rows`` of (sigma, q, steps)."""
-    accountant = RDPAccountant()
+    rdp = RDPAccountant()
     if rows:
-        accountant.load_state_dict({"history": list(rows), "mechanism": accountant.mechanism()})
-    return accountant
-
-
-@lru_cache(maxsize=64)
-def _epsilon(rows: tuple[tuple[float, float, int], ...], delta: float) -> float:
-    """epsilon at ``delta`` after the history ``rows``: computed once for the clients of a round that share it
-    (equal sizes and participation), since Opacus' RDP of the subsampled Gaussian takes a tenth of a second."""
-    return _accountant(list(rows)).get_epsilon(delta)
+        rdp.load_state_dict({"history": list(rows), "mechanism": rdp.mechanism()})
+    return rdp
 
 
 class DpSgd:
@@ -199,7 +182,7 @@ class DpSgd:
             p.summed_grad = None
         rows = self.accountant.state_dict()["history"]
         self.client.private[HISTORY] = torch.tensor(rows, dtype=torch.float64)
-        return _epsilon(tuple(rows), self.delta)
+        return accountant.epsilon(rows, self.delta, FLAG)
 
 
 def check(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec], image_bytes: int) -> None:
@@ -242,4 +225,4 @@ def _is_statistic(name: str) -> bool:
 
 
 def _refuse(problem: str) -> None:
-    raise MpiflError(f"--dpsgd-clip: {problem}; use a method and model DP-SGD supports: {ALTERNATIVES}")
+    raise MpiflError(f"{FLAG}: {problem}; use a method and model DP-SGD supports: {ALTERNATIVES}")

@@ -27,6 +27,7 @@ from ..plan.placement import place_clients
 from ..plan.seeding import participants, seed_model_init
 from ..plan.task import task_of
 from ..privacy import Privacy, privacy_of
+from ..privacy.accountant import opacus
 from ..privacy.secure import SecureAggregation
 from ..transport.exchange import OneTimeExchange
 from ..transport.messages import Messages
@@ -168,11 +169,11 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
 
 def _check_dp_sgd(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec],
                   manifest: DatasetManifest) -> None:
-    """``--dpsgd-clip``: Opacus is installed, and DP-SGD protects the run (:func:`mpifl.privacy.dp_sgd.check`)."""
-    try:
-        from ..privacy import dp_sgd
-    except ImportError as exc:
-        raise MpiflError(f"--dpsgd-clip needs Opacus ({exc}); pip install -e '.[privacy]'") from None
+    """``--dpsgd-clip``: Opacus is installed (one line naming the extra), and DP-SGD protects the run
+    (:func:`mpifl.privacy.dp_sgd.check`)."""
+    opacus("--dpsgd-clip")
+    from ..privacy import dp_sgd  # it imports Opacus at its top
+
     dp_sgd.check(cfg, algo, model, clients, int(np.prod(manifest.image_size)) * manifest.channels)
 
 

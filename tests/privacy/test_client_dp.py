@@ -142,6 +142,8 @@ def test_the_epsilon_of_every_round_is_the_accountants_and_dp_epsilon_is_met(dat
     (("--dp-noise", "1",), "--dp-noise 1.0 acts only with --dp-clip"),
     (("--secagg-bits", "48",), "--secagg-bits 48 acts only with --secure-aggregation"),
     (("--dp-clip", "1", "--dp-noise", "1", "--dp-epsilon", "0.5"), "past --dp-epsilon 0.5"),
+    (("--dp-clip", "1", "--dp-epsilon", "1e-9", "--dp-delta", "1e-9"),
+     "--dp-epsilon 1e-09: no noise multiplier reaches"),
     (("--dp-clip", "1", "--dp-noise", "1", "--algo", "scaffold"), "--dp-clip: --algo scaffold uploads"),
     (("--dp-clip", "1", "--dp-noise", "1", "--aug", "fedrdn"), "exchanges"),
     (("--dp-clip", "1", "--dp-noise", "3", "--dp-clipping", "adaptive"), "--dp-clipping adaptive: the count"),
