@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..algorithms import ClientState
@@ -127,15 +128,16 @@ class ClientHost:
             work = plan.of(self.comm.rank)
             secure = self.session.secure  # --secure-aggregation: the trained clients' uploads go up masked
             masking = secure.open(r, secure.coefficients(self.session.planned(r)), messages) if secure else None
-            send = self.up_buffer.get(messages.upload_bytes(len(work.trains), len(work.evaluates), len(work.scores)))
+            send = self.up_buffer.get(messages.upload_bytes(len(work.uploads), len(work.evaluates), len(work.scores)))
             report, scored, eval_segments, client_segments = messages.segments(
-                send, len(work.trains), len(work.evaluates), len(work.scores))
+                send, len(work.uploads), len(work.evaluates), len(work.scores))
             size = messages.summed.nbytes
             # a method that folds after the gather holds its round's uploads until then
             early = not self.algo.reductions_need_results
-            slots = min(len(work.trains), max(1, SEND_WINDOW_BYTES // max(size, 1))) if early else len(work.trains)
+            slots = min(len(work.uploads), max(1, SEND_WINDOW_BYTES // max(size, 1))) if early else len(work.uploads)
             summed = self.summed_buffer.get(slots * size)
             posted = [None] * slots  # each slot's upload, until rank 0 has it
+            segment_of = dict(zip(work.uploads, client_segments))
 
             start = time.perf_counter()
             if work.evaluates or work.scores:
@@ -149,19 +151,33 @@ class ClientHost:
             evaluated_at = time.perf_counter()
             self.data_seconds = 0.0
             before_training = self._transport_seconds()
-            for i, (cid, segment) in enumerate(zip(work.trains, client_segments)):
-                upload = self._train(self.clients.get(cid), download, r)
-                if masking:
-                    upload = masking.mask(plan.sampled, cid, upload)
-                slot = i % slots
+            sent = 0
+            for cid in sorted(set(work.trains) | set(work.uploads)):  # a client's upload goes up in id order
+                client = self.clients.get(cid)
+                if cid in work.trains:
+                    upload = self._train(client, download, r, plan.fate.trains[cid])
+                    if masking:
+                        upload = masking.mask(plan.uploads, cid, upload)
+                    if cid in work.holds:  # its step is a later message's (asynchronous aggregation)
+                        _hold(client, messages, upload)
+                elif cid not in segment_of:
+                    raise RuntimeError(f"rank {self.comm.rank}: client {cid} neither trains nor uploads in round {r}")
+                if cid not in segment_of:  # held, or its upload is lost (--drop-after)
+                    self.clients.fit_budget()
+                    continue
+                slot = sent % slots
                 if posted[slot] is not None:
                     self.comm.complete([posted[slot]])
                 part = summed[slot * size:(slot + 1) * size]
-                messages.pack_client(upload, segment, part)
+                if cid in work.trains:
+                    messages.pack_client(upload, segment_of[cid], part)
+                else:
+                    _release(client, segment_of[cid], part)
                 if size:
                     if self.device_buffers:
                         self._synchronize()  # the send reads the GPU buffer only once the packing kernels are done
                     posted[slot] = self.comm.post(part)
+                sent += 1
                 self.clients.fit_budget()
             sending = [handle for handle in posted if handle is not None]
             if early:
@@ -198,13 +214,15 @@ class ClientHost:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _train(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int) -> dict:
+    def _train(self, client: ClientState, download: dict[str, torch.Tensor], round_index: int,
+                max_steps: int | None) -> dict:
+        """One client's round (``max_steps``: its local steps, cut by a deadline; None: its full local work)."""
         load_state(self.slots, self.algo, download, client.private)
         if maybe_inject(rank=self.comm.rank, client=client.id, round_index=round_index) == "nan":
             with torch.no_grad():
                 next(self.model.parameters()).fill_(float("nan"))
         upload, stats = client_round(self.model, self.slots, self.algo, client, self.data[client.id], download,
-                                     round_index, self.session.cfg, self.precision)
+                                     round_index, self.session.cfg, self.precision, max_steps)
         self.data_seconds += stats.data_seconds
         val_correct = val_seen = 0
         if self.algo.selection == "local-val":  # the post-training local model, before aggregation
@@ -271,3 +289,25 @@ class ClientHost:
                                          dtype=torch.float64)
         return out
 
+
+
+# the packed upload of a client whose step is a later message's, kept with its private state (so checkpoints,
+# spilling and a resume on other ranks carry it) until then
+HELD = ("held.gathered", "held.summed")
+
+
+def _hold(client: ClientState, messages, upload: dict[str, torch.Tensor]) -> None:
+    """Pack ``upload`` into the client's private state, for :func:`_release` in its step's message."""
+    gathered = torch.empty(messages.client.nbytes, dtype=torch.uint8)
+    summed = torch.empty(messages.summed.nbytes, dtype=torch.uint8)
+    messages.pack_client(upload, gathered, summed)
+    client.private.update(zip(HELD, (gathered, summed)))
+
+
+def _release(client: ClientState, gathered, summed) -> None:
+    """Copy the client's held upload into its buffers of this message, and drop it from its state."""
+    for out, held in zip((gathered, summed), (client.private.pop(key) for key in HELD)):
+        if isinstance(out, torch.Tensor):
+            out.copy_(held)
+        else:
+            np.copyto(out, held.cpu().numpy())

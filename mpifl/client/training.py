@@ -38,7 +38,8 @@ class TrainStats:
 def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: ClientData,
                 optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
                 rng: np.random.Generator, round_index: int, precision: Precision = FP32,
-                trainable: Callable[[StateEntry, int], bool] | None = None, dp: DpSgd | None = None) -> TrainStats:
+                trainable: Callable[[StateEntry, int], bool] | None = None, dp: DpSgd | None = None,
+                max_steps: int | None = None) -> TrainStats:
     """E epochs of mini-batch SGD on the client's train split; with ``dp``, DP-SGD's (:mod:`mpifl.privacy.dp_sgd`:
     Poisson batches, which may be empty, and the clipped, noised gradient in place of the batch's before the
     method's hooks).
@@ -62,6 +63,8 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
     stats = TrainStats(0, 0.0, 0, 0)
     first_loss = None  # of the round's first batch: the model as the client started it
     for epoch in range(epochs):
+        if max_steps is not None and stats.steps >= max_steps:
+            break
         for key, parameter in parameters:
             parameter.requires_grad_(trainable(entries[key], epoch))
         loss_sum = torch.zeros((), dtype=torch.float64, device=_device(model))
@@ -69,6 +72,8 @@ def train_local(model: nn.Module, algo: Algorithm, client: ClientState, data: Cl
         seen = 0
         batches = dp.epoch(data, rng) if dp else data.train_batches(rng, batch_size)
         for x, y in _timed(batches, stats):
+            if max_steps is not None and stats.steps >= max_steps:
+                break
             (dp.optimizer if dp else optimizer).zero_grad(set_to_none=True)
             if len(y):
                 with precision.autocast():
@@ -153,7 +158,7 @@ def load_state(slots: dict[str, torch.Tensor], algo: Algorithm, download: dict[s
 
 def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorithm, client: ClientState,
                  data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
-                 precision: Precision = FP32) -> tuple[dict[str, torch.Tensor], TrainStats]:
+                 precision: Precision = FP32, max_steps: int | None = None) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
     (:meth:`~mpifl.algorithms.core.base.Algorithm.score_local` before and after training) and local training,
     seeded by (seed, client, round); then the client keeps its private entries and the round's upload is
@@ -178,7 +183,8 @@ def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorit
         from ..privacy.dp_sgd import DpSgd  # Opacus, the privacy extra: imported where DP-SGD is on
         dp = DpSgd(model, optimizer, algo, client, round_index)
     stats = train_local(model, algo, client, data, optimizer, algo.local_epochs(), cfg.batch_size,
-                        client_rng(cfg.seed, client.id, round_index), round_index, precision, dp=dp)
+                        client_rng(cfg.seed, client.id, round_index), round_index, precision, dp=dp,
+                        max_steps=max_steps)
     if dp:
         stats.epsilon = dp.finish()
     algo.release_global_head()

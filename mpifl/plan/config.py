@@ -72,6 +72,8 @@ class Option:
             return f"{self.flag} takes a comma list of {', '.join(self.choices)} (or none), got {value!r}"
         if self.choices and value not in self.choices:
             return f"{self.flag} must be one of {', '.join(self.choices)}, got {value!r}"
+        if self.type is float and value is not None and not math.isfinite(value):
+            return f"{self.flag} must be a finite number, got {value}"
         low, high = self.minimum, self.maximum
         if low is None or value is None or (value == 0 and self.zero):
             return None
@@ -241,6 +243,33 @@ RUN_OPTIONS: tuple[Option, ...] = (
                "variates, kept optimizer state) is created when a client first trains",
                minimum=0, unit="GiB", resumable=True, names_result=False),
     ),
+    *_group("Clients as they are: profiles, a simulated clock, round policies (docs/clients.md)",
+        Option("client_speed", str, "", "each client's compute speed in images per second, drawn from (seed, client): "
+               "a number, lognormal:MEDIAN,SIGMA, uniform:LOW,HIGH or DOMAIN=NUMBER,...; a local step takes --batch-size "
+               "/ speed simulated seconds; any option of this group turns the simulated clock on (metrics.jsonl's "
+               "sim); default 100 when the clock runs"),
+        Option("client_bandwidth", str, "", "each client's download bandwidth in MB/s, in the forms of --client-speed; "
+               "default 10 when the clock runs"),
+        Option("client_upload", str, "", "each client's upload bandwidth in MB/s, in the forms of --client-speed "
+               "(default: the client's --client-bandwidth)"),
+        Option("availability", str, "", "the probability a client is online when a round starts, drawn from (seed, "
+               "round) for each client: a number in (0, 1], uniform:LOW,HIGH or DOMAIN=P,...; a round samples among "
+               "the clients online (default: always)"),
+        Option("client_trace", str, "", "trace file(s), comma-separated: mpifl's CSV (client,speed,down,up,active) or "
+               "FedScale's device-capacity and availability pickles; a trace's values replace the options' for the "
+               "clients it names (mpifl.plan.traces)"),
+        Option("deadline", float, 0.0, "the round's deadline in simulated seconds: a client whose download, local steps "
+               "and upload take longer is late (--late)", minimum=0, above=True, unit="seconds", zero="wait for all"),
+        Option("late", str, "drop", "what a late client does: drop (left out, not trained) or partial (cut to the "
+               "local steps that fit, FedProx's partial work)", choices=("drop", "partial")),
+        Option("over_select", float, 1.0, "sample F x K clients and keep the first K uploads to arrive (the others "
+               "are cancelled)", minimum=1),
+        Option("drop_before", float, 0.0, "probability a sampled client drops out before training (no work, no "
+               "upload), drawn from (seed, round)", minimum=0, maximum=1, below=True),
+        Option("drop_after", float, 0.0, "probability a client that trained loses its upload (it keeps its own "
+               "state; its upload never reaches the sums), drawn from (seed, round)", minimum=0, maximum=1,
+               below=True),
+    ),
     *_group("Client-level differential privacy (docs/privacy.md)",
         Option("dp_clip", float, 0.0, "DP-FedAvg: clip each sampled client's update (what it uploads less what it "
                "downloaded, every uploaded model entry) to this L2 norm C, then add Gaussian noise z C to the sum of "
@@ -331,6 +360,13 @@ class _Configuration:
         """R, the rounds that schedules over the run span: ``--schedule-rounds``, or ``--rounds`` when 0.  The
         command line stores it in config.json, so a run resumed with more ``--rounds`` keeps its schedules."""
         return self.schedule_rounds or self.rounds
+
+    @property
+    def simulates_clients(self) -> bool:
+        """Whether an option of the client conditions is given: the simulated clock runs (docs/clients.md)."""
+        return bool(self.client_speed or self.client_bandwidth or self.client_upload or self.availability
+                    or self.client_trace or self.deadline or self.over_select > 1 or self.drop_before
+                    or self.drop_after)
 
     def opt(self, name: str) -> Any:
         """Value of a method-specific option (resolved by :func:`resolve`)."""
@@ -466,6 +502,7 @@ ACTS_ONLY = (
     *((name, lambda cfg: cfg.dp_clipping == "adaptive", "with --dp-clipping adaptive")
       for name in ("dp_quantile", "dp_clip_lr", "dp_count_noise")),
     *((name, lambda cfg: cfg.secure_aggregation, "with --secure-aggregation") for name in ("secagg_bits", "secagg_range")),
+    ("late", lambda cfg: cfg.deadline > 0, "with --deadline"),
 )
 
 

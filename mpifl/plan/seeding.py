@@ -12,21 +12,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP, _DP_NOISE, _DPSGD_NOISE = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9)
+(_SAMPLING, _CLIENT, _PARTITION, _INIT, _PERSONALIZE, _STATISTICS, _SETUP, _DP_NOISE, _DPSGD_NOISE, _PROFILE,
+ _CONDITIONS) = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 
 def _sequence(*words: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(w) for w in words])
 
 
+def sample_size(num_clients: int, fraction: float) -> int:
+    """K, the clients a round samples: max(1, round(C*N)) of N."""
+    return min(num_clients, max(1, int(round(fraction * num_clients))))
+
+
 def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> np.ndarray:
     """Participating client ids of a round, ascending: max(1, round(C*N)) of N, without replacement."""
-    count = min(num_clients, max(1, int(round(fraction * num_clients))))
-    if count == num_clients:
-        return np.arange(num_clients)
+    return sample_among(seed, round_index, np.arange(num_clients), sample_size(num_clients, fraction))
+
+
+def sample_among(seed: int, round_index: int, candidates: np.ndarray, count: int) -> np.ndarray:
+    """``count`` of the ascending ``candidates``, without replacement, ascending; all of them when there are no
+    more (round ``round_index``'s sampling stream: with every client a candidate, :func:`sample_clients`)."""
+    if count >= len(candidates):
+        return np.asarray(candidates)
     rng = np.random.default_rng(_sequence(seed, _SAMPLING, round_index))
-    return np.sort(rng.choice(num_clients, size=count, replace=False))
+    return np.sort(np.asarray(candidates)[rng.choice(len(candidates), size=count, replace=False)])
 
 
 def poisson_clients(seed: int, round_index: int, num_clients: int, rate: float) -> np.ndarray:
@@ -55,6 +65,18 @@ def participants(seed: int, round_index: int, num_clients: int, fraction: float,
     ``fraction`` where client-level DP's accountant assumes it (``poisson``: ``--dp-clip``), else a fixed-size
     sample (:func:`sample_clients`)."""
     return (poisson_clients if poisson else sample_clients)(seed, round_index, num_clients, fraction)
+
+
+def profile_rng(seed: int, purpose: int, client: int) -> np.random.Generator:
+    """numpy generator of one client's draw of a profile quantity (``purpose``: speed, bandwidth ...)."""
+    return np.random.default_rng(_sequence(seed, _PROFILE, purpose, client))
+
+
+def conditions_rng(seed: int, purpose: int, moment: int) -> np.random.Generator:
+    """numpy generator of every client's draw of one condition (``purpose``: online, dropping out ...) at one
+    ``moment`` (a round, or an asynchronous run's sampling event): draw N values and take client k's k-th, so a
+    client's draw does not depend on who hosts it."""
+    return np.random.default_rng(_sequence(seed, _CONDITIONS, purpose, moment))
 
 
 def client_rng(seed: int, client: int, round_index: int) -> np.random.Generator:

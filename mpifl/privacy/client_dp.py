@@ -107,6 +107,8 @@ class ClientLevelDP(Privacy):
     """The mechanism of one run (:data:`~mpifl.plan.config.RUN_OPTIONS` group "Client-level differential
     privacy"), the same object on every rank."""
 
+    steps_without_clients = True  # the noise moves the model in a round that sampled nobody
+
     def __init__(self, cfg: RunConfig, algo: Algorithm, training_clients: int, exchanges: list[TensorSpec | None]):
         refused = refusal(algo, exchanges)
         if refused:

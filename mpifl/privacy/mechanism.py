@@ -16,6 +16,10 @@ from ..transport.wire import TensorSpec
 class Privacy:
     """No mechanism: the method's manifest, uploads and sums as they are."""
 
+    #: a round in which no upload arrives still takes a server step (client-level DP's noise); else it leaves the
+    #: global state as it was
+    steps_without_clients = False
+
     def policy(self, policy: SharePolicy) -> SharePolicy:
         """The wire manifest: the method's, and the mechanism's own tensors."""
         return policy

@@ -94,11 +94,11 @@ class Server:
             self.comm.bcast(down)
             plan = self.protocol.plan(header, messages)
             self.receiving_seconds = 0.0
-            early = bool(plan.sampled) and not self.algo.reductions_need_results
+            early = bool(plan.uploads) and not self.algo.reductions_need_results
             fold_started = time.perf_counter()
             if early:  # while the clients train
                 sums = self._fold(messages, plan, self.session.reductions(
-                    self.state, Uploads.planned(self.session.clients, plan.sampled)))
+                    self.state, Uploads.planned(self.session.clients, plan.uploads, plan.fate.staleness)))
             early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)
@@ -124,12 +124,13 @@ class Server:
             if header.action == FINAL:
                 break
             aggregated_from = time.perf_counter()
-            self.algo.prepare(self.state, uploads)
-            if not early:
-                sums = self._fold(messages, plan, self.session.reductions(self.state, uploads))
-            uploads.sums = sums
-            self.privacy.release(self.state, sums, uploads.clients, r)
-            self.algo.aggregate(self.state, uploads)
+            if len(uploads.clients) or self.privacy.steps_without_clients:  # else the global state stays as it was
+                self.algo.prepare(self.state, uploads)
+                if not early:
+                    sums = self._fold(messages, plan, self.session.reductions(self.state, uploads))
+                uploads.sums = sums
+                self.privacy.release(self.state, sums, uploads.clients, r)
+                self.algo.aggregate(self.state, uploads)
             spent = self.privacy.record(self.state)  # the accountant's step is the aggregation's too
             finished = time.perf_counter()
             seconds = records([report["rank.seconds"] for report in reports], RANK_SECONDS)
@@ -156,16 +157,17 @@ class Server:
         reports, scores, personal, by_client = [], [], {}, {}
         for rank, work in enumerate(plan.work, start=1):
             report, scored, eval_segs, client_segs = messages.segments(
-                segments[rank], len(work.trains), len(work.evaluates), len(work.scores))
+                segments[rank], len(work.uploads), len(work.evaluates), len(work.scores))
             reports.append(messages.rank.unpack(report))
             scores.append(messages.scores(len(work.scores)).unpack(scored)["eval.scores"])
             personal.update((c, messages.eval.unpack(s)["client.eval"]) for c, s in zip(work.evaluates, eval_segs))
-            by_client.update((c, messages.client.unpack(s)) for c, s in zip(work.trains, client_segs))
+            by_client.update((c, messages.client.unpack(s)) for c, s in zip(work.uploads, client_segs))
         evals = self.session.evaluation().add_up(scores, personal) if plan.header.evaluate != NO_EVAL else {}
-        views = [by_client[c] for c in plan.sampled]
-        uploads = Uploads(clients=np.array(plan.sampled, dtype=np.int64),
+        views = [by_client[c] for c in plan.uploads]
+        uploads = Uploads(clients=np.array(plan.uploads, dtype=np.int64),
                           meta=records([v["client.meta"] for v in views], CLIENT_META),
-                          tensors={n: [v[n] for v in views] for n in messages.gathered_names})
+                          tensors={n: [v[n] for v in views] for n in messages.gathered_names},
+                          staleness=np.array(plan.fate.staleness, dtype=np.int64) if plan.fate.staleness else None)
         return reports, evals, uploads
 
     def _fold(self, messages: Messages, plan: RoundPlan, reductions: dict[str, Reduction]) -> dict[str, np.ndarray]:
@@ -183,20 +185,20 @@ class Server:
         folding = Folding(secure.folded if secure else reductions, self.folds)
         size = messages.summed.nbytes
         if size:
-            owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.trains}
-            window = max(1, min(len(plan.sampled), FOLD_WINDOW_BYTES // size))
-            buffers = min(len(plan.sampled), 2 * window if self.folds.behind else window)
+            owner = {c: rank for rank, work in enumerate(plan.work, start=1) for c in work.uploads}
+            window = max(1, min(len(plan.uploads), FOLD_WINDOW_BYTES // size))
+            buffers = min(len(plan.uploads), 2 * window if self.folds.behind else window)
             buf = self.fold_buffer.get(buffers * size)
             behind = Behind(folding)
-            for start in range(0, len(plan.sampled), window):
-                clients = plan.sampled[start:start + window]
+            for start in range(0, len(plan.uploads), window):
+                clients = plan.uploads[start:start + window]
                 behind.wait(start + len(clients) - buffers)  # the uploads these buffers held are folded
                 parts = [buf[k % buffers * size:(k % buffers + 1) * size] for k in range(start, start + len(clients))]
                 started = time.perf_counter()
                 self.comm.receive(parts, [owner[c] for c in clients], "the clients' uploads")
                 self.receiving_seconds += time.perf_counter() - started
                 behind.hand([messages.summed.unpack(part) for part in parts])
-            behind.wait(len(plan.sampled))
+            behind.wait(len(plan.uploads))
         return secure.sums(folding.sums) if secure else folding.sums
 
     def _record(self, r: int, messages: Messages, uploads: Uploads, seconds: np.ndarray, reports: list[dict],
@@ -214,11 +216,11 @@ class Server:
             "round": r,
             "clients": uploads.clients.tolist(),
             "train": train,
-            "bytes": {"down": messages.policy_down_bytes * k, "up": messages.policy_up_bytes * k,
+            "bytes": {"down": messages.policy_down_bytes * len(plan.fate.trains), "up": messages.policy_up_bytes * k,
                       "wire_down": down_bytes * (self.comm.size - 1),
                       "wire_up": int(sum(plan.upload_bytes)) + k * messages.summed.nbytes},
             "seconds": {**server_seconds, **slowest},
             "rank_seconds": by_rank,
             "memory": {"peak_rss": [peak_rss()] + [int(report["rank.peak_rss"]) for report in reports],
                        "peak_gpu": [0] + [int(report["rank.peak_gpu"]) for report in reports]},
-        } | dp_sgd | ({"privacy": spent} if spent else {})
+        } | dp_sgd | ({"privacy": spent} if spent else {}) | ({"sim": plan.fate.record()} if self.session.clock else {})

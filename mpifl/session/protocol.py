@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..plan.clock import Fate, plain_fate
 from ..transport.messages import FINAL, NO_EVAL, SAVE, STOP, TRAIN, Header, Messages
 from .evaluation import EvalBatch
 from .session import Session
@@ -27,12 +30,16 @@ from .session import Session
 
 @dataclass(frozen=True)
 class RankWork:
-    """One client rank's part of a round: the clients it trains and those whose personal models it evaluates,
-    ascending ids, and the batches of the global model's evaluation it scores (:mod:`mpifl.session.evaluation`)."""
+    """One client rank's part of a round: the clients it trains, those whose uploads it sends (trained now or, under
+    asynchronous aggregation, held since an earlier message), those whose personal models it evaluates, ascending
+    ids, and the batches of the global model's evaluation it scores (:mod:`mpifl.session.evaluation`).  A client
+    that trains but does not upload now either holds its upload for a later step (``holds``) or lost it."""
 
     trains: tuple[int, ...]
     evaluates: tuple[int, ...]
     scores: tuple[EvalBatch, ...] = ()
+    uploads: tuple[int, ...] = ()
+    holds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,10 @@ class RoundPlan:
     """What one message asks of every rank."""
 
     header: Header
-    sampled: tuple[int, ...]  # the round's participants, ascending (none for FINAL and STOP)
+    uploads: tuple[int, ...]  # the clients whose uploads this message carries, ascending (none for FINAL and STOP)
     work: tuple[RankWork, ...]  # client rank k+1's part
     upload_bytes: tuple[int, ...]  # bytes each rank sends in the gather (0 for the server)
+    fate: Fate  # the message's clients under the simulated conditions (mpifl.plan.clock)
 
     def of(self, rank: int) -> RankWork:
         """Client rank ``rank``'s part (ranks from 1)."""
@@ -87,13 +95,15 @@ class RoundProtocol:
 
     def plan(self, header: Header, messages: Messages) -> RoundPlan:
         """Every rank's part of the message with ``header`` (identical on every rank)."""
-        sampled = tuple(int(c) for c in self.session.sampled(header.round)) if header.action == TRAIN else ()
-        chosen = set(sampled)
+        fate = self.session.fate(header.round) if header.action == TRAIN else plain_fate(np.empty(0, dtype=np.int64))
+        uploads, holds = set(fate.uploads), set(fate.holds)
         evaluating = header.evaluate != NO_EVAL
         evaluation = self.session.evaluation()
-        work = tuple(RankWork(trains=tuple(c for c in hosted if c in chosen),
+        work = tuple(RankWork(trains=tuple(c for c in hosted if c in fate.trains),
                               evaluates=evaluation.personal[h] if evaluating else (),
-                              scores=evaluation.scored_by(h + 1) if evaluating else ())
+                              scores=evaluation.scored_by(h + 1) if evaluating else (),
+                              uploads=tuple(c for c in hosted if c in uploads),
+                              holds=tuple(c for c in hosted if c in holds))
                      for h, hosted in enumerate(self.session.placement))
-        upload = (0,) + tuple(messages.upload_bytes(len(w.trains), len(w.evaluates), len(w.scores)) for w in work)
-        return RoundPlan(header=header, sampled=sampled, work=work, upload_bytes=upload)
+        upload = (0,) + tuple(messages.upload_bytes(len(w.uploads), len(w.evaluates), len(w.scores)) for w in work)
+        return RoundPlan(header=header, uploads=fate.uploads, work=work, upload_bytes=upload, fate=fate)

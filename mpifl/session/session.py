@@ -16,14 +16,17 @@ import torch
 from torch import nn
 
 from ..algorithms import Algorithm, Reduction, ServerState, Uploads, get_algorithm
+from ..algorithms.core.deltas import local_steps
 from ..algorithms.core.guide import check_guide
 from ..data import DatasetManifest, open_shard
 from ..errors import MpiflError
 from ..models import PretrainedLoad, load_pretrained, state_entries
 from ..plan.clients import SPLITS, ClientSpec, make_clients
+from ..plan.clock import AsyncClock, Fate, SyncClock, Work, plain_fate
 from ..plan.config import RunConfig
 from ..plan.normalize import InputNormalization, check_input_norm, resolve_input_norm
 from ..plan.placement import place_clients
+from ..plan.profiles import client_profiles
 from ..plan.seeding import participants, seed_model_init
 from ..plan.task import task_of
 from ..privacy import Privacy, privacy_of
@@ -47,6 +50,7 @@ class Session:
     privacy: Privacy = field(default_factory=Privacy)  # the run's privacy mechanism (mpifl.privacy)
     _messages: dict[int, Messages] = field(default_factory=dict)
     _evaluations: dict[int, EvalPlan] = field(default_factory=dict)
+    _client_bytes: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def messages(self) -> Messages:
         """Wire layouts of the algorithm's current phase (built once per phase)."""
@@ -98,7 +102,43 @@ class Session:
 
     def planned(self, round_index: int) -> Uploads:
         """What round ``round_index``'s plan says of its uploads (:meth:`Uploads.planned`)."""
-        return Uploads.planned(self.clients, self.sampled(round_index))
+        fate = self.fate(round_index)
+        return Uploads.planned(self.clients, fate.uploads, fate.staleness)
+
+    def fate(self, round_index: int) -> Fate:
+        """Message ``round_index``'s clients under the simulated conditions (:mod:`mpifl.plan.clock`): who trains,
+        how far, whose uploads arrive; without conditions, every sampled client trains and uploads."""
+        return self.clock.fate(round_index) if self.clock else plain_fate(self.sampled(round_index))
+
+    @cached_property
+    def clock(self) -> SyncClock | AsyncClock | None:
+        """The simulated clock (docs/clients.md), None when the run simulates no client conditions."""
+        cfg = self.cfg
+        if not (cfg.simulates_clients or self.algo.asynchronous):
+            return None
+        profiles = client_profiles(cfg.client_speed, cfg.client_bandwidth, cfg.client_upload, cfg.availability,
+                                   cfg.client_trace, cfg.seed, self.clients, self.manifest.domains)
+        steps = np.array([local_steps(c.num_train, cfg.batch_size, self.algo.local_epochs()) if c.trains else 0
+                          for c in self.clients], dtype=np.int64)
+        work = Work(self.training_ids, steps, cfg.batch_size, self.client_bytes)
+        if self.algo.asynchronous:
+            concurrency, buffer = self.algo.concurrency()
+            return AsyncClock(profiles, work, cfg.seed, concurrency, buffer, cfg.drop_after)
+        return SyncClock(profiles, work, cfg.seed, cfg.fraction, over_select=cfg.over_select, deadline=cfg.deadline,
+                         late=cfg.late, drop_before=cfg.drop_before, drop_after=cfg.drop_after,
+                         poisson=cfg.dp_clip > 0)
+
+    def client_bytes(self, round_index: int) -> tuple[int, int]:
+        """(download, upload) bytes of one client in round ``round_index``: its stage's wire manifest."""
+        phase = self.algo.phase_of(round_index)
+        if phase not in self._client_bytes:
+            current, self.algo.phase = self.algo.phase, phase
+            try:
+                policy = self.policy()
+            finally:
+                self.algo.phase = current
+            self._client_bytes[phase] = (sum(s.nbytes for s in policy.download), sum(s.nbytes for s in policy.upload))
+        return self._client_bytes[phase]
 
     def build_model(self) -> nn.Module:
         return _model(self.cfg, self.manifest, type(self.algo))
@@ -158,6 +198,7 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
         raise MpiflError(f"--holdout needs a method with a global model; {cfg.algo} evaluates personal models only "
                          "(its private layers do not exist for an unseen domain); drop --holdout or pick another "
                          "--algo")
+    _check_conditions(cfg, algo)
     placement = place_clients([c.num_train for c in clients], max(num_hosts, 1))
     inputs = InputNormalization(cfg.aug, cfg.aug_draw, manifest.channels, cfg.aug_stats, cfg.seed)
     privacy = privacy_of(cfg, algo, [inputs.setup_exchange(), algo.setup_exchange()])
@@ -165,6 +206,31 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
                       inputs=inputs, pretrained=pretrained, privacy=privacy)
     session.secure  # a method secure aggregation cannot serve is refused here, before the run writes anything
     return session
+
+
+def _check_conditions(cfg: RunConfig, algo: Algorithm) -> None:
+    """The simulated client conditions (docs/clients.md) this run's method and privacy options can serve, in one
+    line each: a privacy mechanism's accounting (client-level DP's Poisson sampling, DP-SGD's planned steps) and
+    secure aggregation's masks assume that every sampled client trains and uploads; an asynchronous method
+    samples by its concurrency, with no rounds to set a deadline on."""
+    losing = [flag for flag, given in (("--availability", cfg.availability), ("--client-trace", cfg.client_trace),
+                                       ("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
+                                       ("--drop-before", cfg.drop_before), ("--drop-after", cfg.drop_after),
+                                       (f"--algo {algo.name}", algo.asynchronous)) if given]
+    private = [flag for flag, given in (("--dp-clip", cfg.dp_clip), ("--dpsgd-clip", cfg.dpsgd_clip),
+                                        ("--secure-aggregation", cfg.secure_aggregation)) if given]
+    if losing and private:
+        raise MpiflError(f"{private[0]} with {losing[0]}: its guarantee assumes every sampled client trains and "
+                         "uploads (accountants' sampling, masks that cancel only in the full sum), which simulated "
+                         "client conditions break; drop one of them (--client-speed and --client-bandwidth alone "
+                         "may stay)")
+    if algo.asynchronous:
+        for flag, given in (("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
+                            ("--drop-before", cfg.drop_before), ("--fraction", cfg.fraction < 1)):
+            if given:
+                raise MpiflError(f"{flag}: {algo.name} aggregates asynchronously, with no rounds to sample or wait "
+                                 "for (its --concurrency sets how many clients train at once); drop it, and use "
+                                 "--availability or --drop-after for clients that are away or lose their upload")
 
 
 def _check_dp_sgd(cfg: RunConfig, algo: Algorithm, model: nn.Module, clients: list[ClientSpec],

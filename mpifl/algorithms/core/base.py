@@ -116,6 +116,10 @@ class Algorithm(AlgorithmHelpers):
     #: uploads until then.  False: they read only the round's plan (who trains, ``num_samples``), and rank 0
     #: folds each client's upload while the others still train
     reductions_need_results: ClassVar[bool] = False
+    #: the method aggregates asynchronously on the simulated clock (:mod:`mpifl.plan.clock`): a message is one
+    #: server step, its clients train on the version they downloaded and its uploads are the step's arrivals,
+    #: each with its staleness (``Uploads.staleness``); :meth:`concurrency` says how many train at once
+    asynchronous: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         """Registers a named method; gives every method ``--guide-lambda``, and its :attr:`defaults` to its options."""
@@ -300,6 +304,11 @@ class Algorithm(AlgorithmHelpers):
         """After the gather, before :meth:`aggregate` (and before :meth:`reductions` where
         :attr:`reductions_need_results`): ``uploads`` holds the clients' records and gathered entries, no sums
         yet.  FedAvg: nothing."""
+
+    def concurrency(self) -> tuple[int, int]:
+        """An asynchronous method's (clients training at once, arrivals per server step); (0, 0) for a synchronous
+        one."""
+        return 0, 0
 
     # ================================================================== 4. evaluation
     @property

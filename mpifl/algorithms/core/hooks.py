@@ -100,6 +100,7 @@ BY_ROLE: dict[str, tuple[Hook, ...]] = {
         Hook("combine", "internal", "from aggregate, per gathered entry"),
         Hook("prepare", "server", "once per round on rank 0, after the gather, before the late reductions and "
              "aggregate"),
+        Hook("concurrency", "every rank", "once, when the session builds an asynchronous method's simulated clock"),
         Hook("num_training_clients", "internal", "when a server rule needs N (deltas)", kind="helper")),
     "evaluation": (
         Hook("global_model_shared", "every rank", "once per stage, when the session spreads the global model's "

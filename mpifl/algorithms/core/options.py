@@ -19,6 +19,17 @@ UNIFORM_WEIGHTS = Option("uniform_weights", bool, False, "weight clients equally
                          "sample count")
 MU = Option("mu", float, 0.01, "weight mu of a method's extra local loss term: FedProx's (and FedNN's) proximal "
             "term mu/2 ||w - w_global||^2, FedProto's prototype loss (its lambda)", minimum=0)
+CONCURRENCY = Option("concurrency", int, 0, "asynchronous aggregation: clients training at once (each free slot is "
+                     "filled at once on the simulated clock, docs/clients.md)", minimum=0,
+                     zero="every training client")
+STALENESS = Option("staleness", str, "polynomial", "asynchronous aggregation's staleness weight s(tau), tau the "
+                   "server steps since the client's download: polynomial (tau + 1)^-a, hinge (1 for tau <= b, else "
+                   "1 / (a (tau - b) + 1)) or constant 1 (Xie et al., 2019)",
+                   choices=("polynomial", "hinge", "constant"))
+STALENESS_A = Option("staleness_a", float, 0.5, "the a of --staleness (polynomial: 0.5 is FedBuff's 1/sqrt(1 + tau))",
+                     minimum=0)
+STALENESS_B = Option("staleness_b", int, 4, "the b of --staleness hinge: steps of staleness taken at full weight",
+                     minimum=0)
 SERVER_LR = Option("server_lr", float, 1.0,
                    "server (global) learning rate: x <- x + server_lr * (aggregated update)", minimum=0, above=True)
 ALPHA = Option("alpha", float, 0.01,

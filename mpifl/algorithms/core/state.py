@@ -49,6 +49,12 @@ class Uploads:
     meta: np.ndarray  # (K,) records of CLIENT_META: num_samples, num_steps, loss_sum, correct, seen
     tensors: dict[str, list[np.ndarray]]
     sums: dict[str, np.ndarray] = field(default_factory=dict)
+    #: per upload, the server steps since the model version it trained on (asynchronous methods; else zeros)
+    staleness: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.staleness is None:
+            self.staleness = np.zeros(len(self.clients), dtype=np.int64)
 
     @property
     def num_samples(self) -> np.ndarray:
@@ -59,9 +65,10 @@ class Uploads:
         return self.meta["num_steps"]
 
     @classmethod
-    def planned(cls, clients: Sequence[ClientSpec], sampled: Sequence[int]) -> Uploads:
+    def planned(cls, clients: Sequence[ClientSpec], sampled: Sequence[int], staleness: Sequence[int] = ()) -> Uploads:
         """What a round's plan says of its uploads before any arrives, the same on every rank: the ``sampled``
-        clients and their ``num_samples`` (no other record field, no gathered entry: a method reading them must
-        declare :attr:`~.base.Algorithm.reductions_need_results`)."""
+        clients whose uploads arrive, their ``num_samples`` and staleness (no other record field, no gathered
+        entry: a method reading them must declare :attr:`~.base.Algorithm.reductions_need_results`)."""
         meta = np.array([(clients[c].num_train,) for c in sampled], dtype=[("num_samples", np.float64)])
-        return cls(clients=np.array(sampled, dtype=np.int64), meta=meta, tensors={})
+        return cls(clients=np.array(sampled, dtype=np.int64), meta=meta, tensors={},
+                   staleness=np.array(staleness, dtype=np.int64) if len(staleness) else None)
