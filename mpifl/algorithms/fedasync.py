@@ -1,8 +1,9 @@
 """FedAsync (Xie, Koyejo & Gupta, "Asynchronous federated optimization", OPT workshop 2020, Algorithm 1):
 asynchronous aggregation, one update per server step, mixed into the global model by its staleness.
 
-On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients train at once, each on the model version
-it downloaded (x_tau); each arrival is one server step t:
+On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients (by default max(1, round(C N)),
+``--fraction`` C of the N training clients) train at once, each on the model version it downloaded (x_tau); each
+arrival is one server step t:
 
 * x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau) (``--fedasync-alpha``, ``--staleness``:
   polynomial (t - tau + 1)^-a, hinge, constant; :mod:`.core.staleness`); t counts the step being taken, so an
@@ -17,10 +18,9 @@ client waits for its update's step before it is sampled again.  Evaluates the gl
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import MpiflError
 from ..plan.config import Option
+from ..plan.seeding import sample_size
 from .core.options import CONCURRENCY, STALENESS, STALENESS_A, STALENESS_B
 from .core.staleness import staleness_weights
 from .fedprox import FedProx
@@ -37,7 +37,7 @@ class FedAsync(FedProx):
                                  STALENESS, STALENESS_A, STALENESS_B)
 
     def concurrency(self):
-        clients = self.cfg.opt("concurrency") or self.num_training_clients
+        clients = self.cfg.opt("concurrency") or sample_size(self.num_training_clients, self.cfg.fraction)
         if clients > self.num_training_clients:
             raise MpiflError(f"--concurrency {clients}: FedAsync has only {self.num_training_clients} training "
                              "clients to run at once; lower it")
@@ -45,6 +45,7 @@ class FedAsync(FedProx):
 
     def global_value(self, server, key, combined, uploads):
         """(1 - alpha_t) x + alpha_t x_new, in float64."""
-        alpha = self.cfg.opt("fedasync_alpha") * float(staleness_weights(
-            self.cfg.opt("staleness"), uploads.staleness + 1, self.cfg.opt("staleness_a"), self.cfg.opt("staleness_b"))[0])
+        s = staleness_weights(self.cfg.opt("staleness"), uploads.staleness + 1, self.cfg.opt("staleness_a"),
+                              self.cfg.opt("staleness_b"))
+        alpha = self.cfg.opt("fedasync_alpha") * float(s[0])
         return (1 - alpha) * server.model[key].double() + alpha * combined.double()

@@ -1,9 +1,9 @@
 """FedBuff (Nguyen et al., "Federated learning with buffered asynchronous aggregation", AISTATS 2022, Algorithm 1):
 asynchronous aggregation with a buffer of K updates.
 
-On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients train at once, each on the model version
-it downloaded; a client that finishes is replaced at once.  Every update that arrives goes into the server's
-buffer; when it holds K (``--buffer-size``), the server steps:
+On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients (by default max(1, round(C N)),
+``--fraction`` C of the N training clients) train at once, each on the model version it downloaded; a client
+that finishes is replaced at once.  Every update that arrives goes into the server's buffer; when it holds K (``--buffer-size``), the server steps:
 
 * a client uploads its update Delta_k = y_k - x_{tau_k} (trained minus downloaded) in place of its model entries;
 * x <- x + eta_g (1/K) sum_k s(tau_k) Delta_k, tau_k the server steps since client k's download,
@@ -18,15 +18,15 @@ method's; a client waits in the buffer until its step before it is sampled again
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from ..errors import MpiflError
 from ..plan.config import Option
+from ..plan.seeding import sample_size
 from .core.base import Algorithm
 from .core.options import CONCURRENCY, SERVER_LR, STALENESS, STALENESS_A, STALENESS_B
 from .core.reduction import Reduction
 from .core.staleness import staleness_weights
-from ..errors import MpiflError
 
 
 class FedBuff(Algorithm):
@@ -38,7 +38,7 @@ class FedBuff(Algorithm):
                SERVER_LR, STALENESS, STALENESS_A, STALENESS_B)
 
     def concurrency(self):
-        clients = self.cfg.opt("concurrency") or self.num_training_clients
+        clients = self.cfg.opt("concurrency") or sample_size(self.num_training_clients, self.cfg.fraction)
         if not self.cfg.opt("buffer_size") <= clients <= self.num_training_clients:
             raise MpiflError(f"--concurrency {clients} and --buffer-size {self.cfg.opt('buffer_size')}: FedBuff "
                              f"needs buffer size <= concurrency <= the {self.num_training_clients} training clients")
@@ -57,7 +57,9 @@ class FedBuff(Algorithm):
         """sum_k (s(tau_k) / K) Delta_k of every uploaded entry."""
         weights = staleness_weights(self.cfg.opt("staleness"), uploads.staleness, self.cfg.opt("staleness_a"),
                                     self.cfg.opt("staleness_b")) / self.cfg.opt("buffer_size")
-        return {key: Reduction(key, weights) for key in self.uploaded_keys}
+        sums = super().reductions(server, uploads)
+        sums.update((key, Reduction(key, weights)) for key in self.uploaded_keys)
+        return sums
 
     def aggregate(self, server, uploads):
         eta = self.cfg.opt("server_lr")

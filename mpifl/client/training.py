@@ -158,7 +158,8 @@ def load_state(slots: dict[str, torch.Tensor], algo: Algorithm, download: dict[s
 
 def client_round(model: nn.Module, slots: dict[str, torch.Tensor], algo: Algorithm, client: ClientState,
                  data: ClientData, download: dict[str, torch.Tensor], round_index: int, cfg: RunConfig,
-                 precision: Precision = FP32, max_steps: int | None = None) -> tuple[dict[str, torch.Tensor], TrainStats]:
+                 precision: Precision = FP32,
+                 max_steps: int | None = None) -> tuple[dict[str, torch.Tensor], TrainStats]:
     """One client's round on a model holding its starting state (:func:`load_state`): the method's hooks
     (:meth:`~mpifl.algorithms.core.base.Algorithm.score_local` before and after training) and local training,
     seeded by (seed, client, round); then the client keeps its private entries and the round's upload is

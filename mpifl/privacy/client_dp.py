@@ -74,6 +74,10 @@ def refusal(algo: Algorithm, exchanges: list[TensorSpec | None]) -> tuple[str, s
             f"{FLAG}: --algo {name} (or --aug) exchanges {setup[0].name} ({what}) once before round 1, outside the "
             "rounds' clipped and noised updates, so no guarantee would cover it; drop the option that makes the "
             "exchange, or pick a method without one")
+    if algo.asynchronous:
+        return "asynchronous", (f"{FLAG}: --algo {name} aggregates asynchronously, one buffer of stale updates a "
+                                "step, which the accountant of Poisson-sampled rounds does not describe; pick a "
+                                "synchronous method")
     if not algo.uploaded_keys:
         return "uploads no model entry", (f"{FLAG}: --algo {name} uploads no model entry, so there is no update to "
                                           f"make private; drop {FLAG}")

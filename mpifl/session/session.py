@@ -220,13 +220,12 @@ def _check_conditions(cfg: RunConfig, algo: Algorithm) -> None:
     private = [flag for flag, given in (("--dp-clip", cfg.dp_clip), ("--dpsgd-clip", cfg.dpsgd_clip),
                                         ("--secure-aggregation", cfg.secure_aggregation)) if given]
     if losing and private:
-        raise MpiflError(f"{private[0]} with {losing[0]}: its guarantee assumes every sampled client trains and "
-                         "uploads (accountants' sampling, masks that cancel only in the full sum), which simulated "
-                         "client conditions break; drop one of them (--client-speed and --client-bandwidth alone "
-                         "may stay)")
+        raise MpiflError(f"{private[0]}: {losing[0]} lets sampled clients go missing, and the guarantee assumes "
+                         "every sampled client trains and uploads (the accountants' sampling, masks that cancel only "
+                         f"in the full sum); drop one of them (--client-speed and --client-bandwidth may stay)")
     if algo.asynchronous:
         for flag, given in (("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
-                            ("--drop-before", cfg.drop_before), ("--fraction", cfg.fraction < 1)):
+                            ("--drop-before", cfg.drop_before)):
             if given:
                 raise MpiflError(f"{flag}: {algo.name} aggregates asynchronously, with no rounds to sample or wait "
                                  "for (its --concurrency sets how many clients train at once); drop it, and use "

@@ -152,6 +152,9 @@ def test_every_registered_method_is_served_or_refused_in_one_line(data_root, sty
         for name, plain in result["plain"].items():
             assert np.abs(result["secure"][name] - plain).max() <= result["bound"] + 1e-15, (algo, name)
     for algo, message in refused.items():
+        if REGISTRY[algo].asynchronous:  # its clients go missing from the sums by design
+            assert message.startswith(f"--secure-aggregation: --algo {algo} lets sampled clients go missing")
+            continue
         assert "\n" not in message and message.startswith(f"--secure-aggregation: {algo}'s server rule needs rank "
                                                            "0 to see each client's"), message
         assert message.endswith("drop --secure-aggregation or pick another --algo"), message

@@ -44,8 +44,8 @@ def test_fold_receives_windows_into_two_buffers_and_folds_behind_to_the_sequenti
         reference += np.float64(c) * x.astype(np.float64)
     monkeypatch.setattr(server_module, "FOLD_WINDOW_BYTES", 2 * SIZE * 4 + 5)
     owner = {c: 1 + c % 2 for c in range(7)}
-    plan = SimpleNamespace(sampled=tuple(range(7)),
-                           work=(SimpleNamespace(trains=(0, 2, 4, 6)), SimpleNamespace(trains=(1, 3, 5))))
+    plan = SimpleNamespace(uploads=tuple(range(7)),
+                           work=(SimpleNamespace(uploads=(0, 2, 4, 6)), SimpleNamespace(uploads=(1, 3, 5))))
     messages = SimpleNamespace(summed=SimpleNamespace(nbytes=SIZE * 4,
                                                       unpack=lambda part: {"x": np.frombuffer(part, np.float32)}))
     made = []

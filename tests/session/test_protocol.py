@@ -52,12 +52,12 @@ def test_every_rank_trains_its_sampled_clients_and_evaluates_its_part_when_asked
     protocol, session = _protocol(hosts=hosts, rounds=3, clients_per_domain=2, fraction=0.5, algo=algo)
     messages = protocol.open(2)
     plan = protocol.plan(protocol.header(2, stop_requested=False), messages)
-    assert plan.sampled == tuple(int(c) for c in session.sampled(2)) and len(plan.sampled) == 3
-    assert sorted(c for w in plan.work for c in w.trains) == list(plan.sampled)
+    assert plan.uploads == tuple(int(c) for c in session.sampled(2)) and len(plan.uploads) == 3
+    assert sorted(c for w in plan.work for c in w.trains) == list(plan.uploads)
     evaluation = session.evaluation()
     for rank, hosted in enumerate(session.placement, start=1):
         work = plan.of(rank)
-        assert work.trains == tuple(c for c in hosted if c in plan.sampled)
+        assert work.trains == work.uploads == tuple(c for c in hosted if c in plan.uploads) and work.holds == ()
         assert work.evaluates == (tuple(hosted) if algo == "fedbn" else ())
         assert work.scores == evaluation.scored_by(rank)
         assert plan.upload_bytes[rank] == (messages.rank.nbytes + 16 * len(work.scores)
@@ -68,7 +68,7 @@ def test_every_rank_trains_its_sampled_clients_and_evaluates_its_part_when_asked
     assert (len(scored) == 12) == (algo == "fedavg")  # 6 clients x (val, test), one batch each
     assert plan.upload_bytes[0] == 0
     final = protocol.plan(protocol.header(4, stop_requested=False), messages)
-    assert final.sampled == () and all(w.trains == () and (w.evaluates or w.scores) for w in final.work)
+    assert final.uploads == () and all(w.trains == () and (w.evaluates or w.scores) for w in final.work)
     stop = protocol.plan(protocol.header(2, stop_requested=True), messages)
     assert all(w.trains == () == w.evaluates == w.scores for w in stop.work)
     assert stop.upload_bytes[1:] == (messages.rank.nbytes,) * hosts

@@ -74,7 +74,8 @@ BY_ROLE: dict[str, tuple[Hook, ...]] = {
         Hook("extra_download", "internal", "from policy, once per stage"),
         Hook("extra_private", "internal", "from policy and init_client"),
         Hook("sends_back", "internal", "once per stage, deriving the *_keys"),
-        Hook("phase_of", "internal", "from enter_round, every round"),
+        Hook("phase_of", "every rank", "from enter_round, every round; once per stage when the session sizes a "
+             "client's transfers for the simulated clock"),
         Hook("adopted_keys", "client", "per message on a client rank: the entries every hosted client keeps as its "
              "own"),
         Hook("derived_from_data", "internal", "from entry_spec"),

@@ -20,8 +20,8 @@ UNIFORM_WEIGHTS = Option("uniform_weights", bool, False, "weight clients equally
 MU = Option("mu", float, 0.01, "weight mu of a method's extra local loss term: FedProx's (and FedNN's) proximal "
             "term mu/2 ||w - w_global||^2, FedProto's prototype loss (its lambda)", minimum=0)
 CONCURRENCY = Option("concurrency", int, 0, "asynchronous aggregation: clients training at once (each free slot is "
-                     "filled at once on the simulated clock, docs/clients.md)", minimum=0,
-                     zero="every training client")
+                     "filled at once on the simulated clock, docs/clients.md); 0: --fraction's max(1, round(C N)) of "
+                     "the N training clients", minimum=0)
 STALENESS = Option("staleness", str, "polynomial", "asynchronous aggregation's staleness weight s(tau), tau the "
                    "server steps since the client's download: polynomial (tau + 1)^-a, hinge (1 for tau <= b, else "
                    "1 / (a (tau - b) + 1)) or constant 1 (Xie et al., 2019)",

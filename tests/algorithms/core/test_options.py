@@ -37,7 +37,8 @@ def test_each_methods_default_of_a_shared_option_is_the_one_it_has_always_had():
     defaults = {(name, o.name): o.default for name, cls in ALGORITHMS.items() for o in cls.options if o.name in SHARED}
     own = {key: value for key, value in defaults.items() if value != SHARED[key[1]].default}
     assert own == {("fedadagrad", "server_lr"): 0.1, ("fedadagrad", "beta1"): 0.0, ("fedadam", "server_lr"): 0.01,
-                   ("fedyogi", "server_lr"): 0.01, ("fedproto", "mu"): 1.0, ("gperxan", "guide_lambda"): 0.5}
+                   ("fedyogi", "server_lr"): 0.01, ("fedproto", "mu"): 1.0, ("gperxan", "guide_lambda"): 0.5,
+                   ("fedasync", "mu"): 0.005}
     assert all(key[0] in ALGORITHMS and key[1] in ALGORITHMS[key[0]].defaults for key in own)
 
 
@@ -82,8 +83,9 @@ def test_the_registry_refuses_a_registered_method_that_redeclares_an_option():
 def test_help_names_each_methods_own_default_of_a_shared_option():
     helps = {p.opts[0]: p.help for p in command().params}
     assert helps["--server-lr"].endswith("[default fedadagrad 0.1, fedadam 0.01, fedavg-slr 1.0, fedavgm 1.0, "
-                                         "fedyogi 0.01, scaffold 1.0]")
+                                         "fedbuff 1.0, fedyogi 0.01, scaffold 1.0]")
     assert helps["--mu"].startswith(MU.help) and helps["--mu"].endswith("fedproto 1.0, fedprox 0.01]")
+    assert "fedasync 0.005" in helps["--mu"]
     assert helps["--guide-lambda"].endswith("[every method; default 0.0, gperxan 0.5]")
 
 
