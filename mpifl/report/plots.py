@@ -7,7 +7,9 @@
   (``bytes.down + bytes.up`` of ``metrics.jsonl``: the ``--show-manifest``
   figure times the round's clients);
 * ``seconds-per-round.png``: rank 0's wall-clock seconds per round
-  (``seconds.round``).
+  (``seconds.round``);
+* ``accuracy-mean-simulated-time.png``, for runs with a simulated clock (docs/clients.md): the mean test accuracy
+  against the simulated seconds at the end of the round evaluated (``sim.time``).
 
 The model kind plotted is each run's first evaluated kind (global when it
 has one), except for a held-out domain, whose curve is the global model's.
@@ -45,15 +47,16 @@ def _primary_kind(run: Run, domain: str) -> str | None:
     return kinds[0] if kinds else None
 
 
-def _accuracy_curve(run: Run, domain: str) -> tuple[list[int], list[float]]:
+def _accuracy_curve(run: Run, domain: str, simulated: bool = False) -> tuple[list[float], list[float]]:
+    """(rounds, or simulated seconds, and test scores in %) of the run's evaluated rounds."""
     kind = _primary_kind(run, domain)
     xs, ys = [], []
     for record in run.evaluated:
         test = record["eval"].get(kind, {}).get("test", {}) if kind else {}
         scores = test.get("mean", {}) if domain == "mean" else test.get("domains", {}).get(domain, {})
         value = scores.get(run.metric)
-        if value is not None:
-            xs.append(record["round"])
+        if value is not None and (not simulated or "sim" in record):
+            xs.append(record["sim"]["time"] if simulated else record["round"])
             ys.append(100 * value)
     return xs, ys
 
@@ -85,15 +88,16 @@ class _Styler:
         return style
 
 
-def _figure(title: str, ylabel: str) -> tuple[Figure, object]:
+def _figure(title: str, ylabel: str, xlabel: str = "round") -> tuple[Figure, object]:
     fig = Figure(figsize=(8.0, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.set_title(title)
-    ax.set_xlabel("round")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if xlabel == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig, ax
 
 
@@ -124,6 +128,15 @@ def plot_runs(runs: list[Run], out: Path, labels: dict[str, str] | None = None) 
                 ax.plot(xs, ys, **styler.kwargs(run, _primary_kind(run, domain), domain, len(xs)))
                 lines += 1
         written.append(_save(fig, ax, out / f"accuracy-{_safe(domain)}.png", lines))
+    fig, ax = _figure(f"Test {score} against simulated time: mean over source domains", f"test {score} (%)",
+                      "simulated seconds")
+    lines = 0
+    for run in runs:
+        xs, ys = _accuracy_curve(run, "mean", simulated=True)
+        if xs:
+            ax.plot(xs, ys, **styler.kwargs(run, _primary_kind(run, "mean"), "mean", len(xs)))
+            lines += 1
+    written.append(_save(fig, ax, out / "accuracy-mean-simulated-time.png", lines))
     fig, ax = _figure("Bytes per round (the method's tensors, down + up, all participating clients)",
                       "MB per round (10^6 bytes)")
     lines = 0

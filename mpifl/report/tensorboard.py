@@ -2,7 +2,9 @@
 
 One event directory per run, ``<out>/tensorboard/<run>``, step = round, the scalars named as
 :mod:`mpifl.server.scalars` names them (``train/loss``, ``global/test_acc/mean``, ``bytes/down``,
-``seconds/round``, ...): the names ``--track tensorboard`` gives them while the run goes on.
+``seconds/round``, ...): the names ``--track tensorboard`` gives them while the run goes on.  A run with a
+simulated clock (docs/clients.md) stamps each round's scalars with its simulated time as their wall time, so
+TensorBoard's "Relative" horizontal axis shows accuracy against simulated time (from round 1's end).
 
 Needs the ``tensorboard`` package (``pip install 'mpifl[tensorboard]'``),
 used through ``torch.utils.tensorboard``; without it :func:`write_tensorboard`
@@ -27,10 +29,11 @@ def available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
-def scalars(run: Run) -> list[tuple[str, float, int]]:
-    """(tag, value, round) of every scalar of a run, in round order (:func:`mpifl.server.scalars.scalars`)."""
-    return [(tag, value, int(record["round"])) for record in run.records
-            for tag, value in record_scalars(record, run.metric).items()]
+def scalars(run: Run) -> list[tuple[str, float, int, float | None]]:
+    """(tag, value, round, simulated time or None) of every scalar of a run, in round order
+    (:func:`mpifl.server.scalars.scalars`)."""
+    return [(tag, value, int(record["round"]), record["sim"]["time"] if "sim" in record else None)
+            for record in run.records for tag, value in record_scalars(record, run.metric).items()]
 
 
 def write_tensorboard(runs: list[Run], out: Path, names: list[str] | None = None) -> list[Path]:
@@ -45,8 +48,8 @@ def write_tensorboard(runs: list[Run], out: Path, names: list[str] | None = None
         log_dir = Path(out) / "tensorboard" / re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_")
         writer = SummaryWriter(log_dir=str(log_dir))
         try:
-            for tag, value, step in scalars(run):
-                writer.add_scalar(tag, value, step)
+            for tag, value, step, simulated in scalars(run):
+                writer.add_scalar(tag, value, step, walltime=simulated)
         finally:
             writer.close()
         written.append(log_dir)

@@ -6,6 +6,7 @@ Step = the record's round; ``<score>`` is the task's (``acc``, ``dice`` for segm
 
 * ``train/loss``, ``train/<score>`` (%) and, under ``--select-by local-val``, ``train/local_val_acc`` (%);
 * ``bytes/<down|up|wire_down|wire_up>``, ``seconds/<round|compute|...>``, as the record holds them;
+* with a simulated clock (docs/clients.md), ``sim/seconds`` (the round's) and ``sim/time`` (at its end);
 * on evaluation rounds, ``<kind>/test_<score>/<domain>`` (%), ``<kind>/test_loss/<domain>`` and
   ``<kind>/val_<score>/<domain>`` (%), ``<domain>`` ``mean`` too; kind ``global`` or ``personal``.
 
@@ -23,6 +24,7 @@ def scalars(record: dict, score: str) -> dict[str, float]:
         out[f"train/{key}"] = float(value) * (1 if key == "loss" else 100)
     out.update((f"bytes/{k}", float(v)) for k, v in record.get("bytes", {}).items())
     out.update((f"seconds/{k}", float(v)) for k, v in record.get("seconds", {}).items())
+    out.update((f"sim/{k}", float(record["sim"][k])) for k in ("seconds", "time") if k in record.get("sim", {}))
     for kind, splits in record.get("eval", {}).items():
         for split, metrics in (("test", (score, "loss")), ("val", (score,))):
             found = splits.get(split, {})

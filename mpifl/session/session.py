@@ -205,6 +205,8 @@ def make_session(cfg: RunConfig, manifest: DatasetManifest, num_hosts: int, labe
     session = Session(cfg=cfg, manifest=manifest, clients=clients, placement=placement, algo=algo, initial=initial,
                       inputs=inputs, pretrained=pretrained, privacy=privacy)
     session.secure  # a method secure aggregation cannot serve is refused here, before the run writes anything
+    if session.clock:  # bad profiles, a trace's bad row: refused here too; and the first round's fate is drawn
+        session.fate(1)
     return session
 
 

@@ -185,3 +185,9 @@ def test_where_they_act_or_come_from_a_preset_or_the_resumed_run_they_are_taken(
     run.mkdir()
     (run / "config.json").write_text(json.dumps({**cfg.to_flat(), "out": str(run)}))
     assert _built("--rounds", "20", "--resume", str(run)).input_norm == "fixed"  # a resume reads its own config back
+
+
+@pytest.mark.parametrize("option", [o for o in RUN_OPTIONS if o.type is float], ids=lambda o: o.flag)
+def test_every_float_option_refuses_a_value_that_is_not_finite_in_one_line(option):
+    for value in (float("nan"), float("inf"), float("-inf")):
+        assert option.problem(value) == f"{option.flag} must be a finite number, got {value}"

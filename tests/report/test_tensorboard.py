@@ -14,7 +14,7 @@ def run(tmp_path):
 
 
 def test_scalars_per_round_cover_accuracy_loss_bytes_and_time(run):
-    tags = {(tag, step): value for tag, value, step in tensorboard.scalars(run)}
+    tags = {(tag, step): value for tag, value, step, _ in tensorboard.scalars(run)}
     assert tags[("global/test_acc/mono", 2)] == pytest.approx(50.0)
     assert tags[("global/test_acc/mean", 1)] == pytest.approx(30.0)
     assert tags[("global/test_loss/paper", 2)] == pytest.approx(0.5)
@@ -53,6 +53,6 @@ def test_report_stops_before_writing_anything_without_the_package(run, tmp_path,
 
 def test_a_segmentation_runs_scalars_are_its_dice(tmp_path):
     write_run(tmp_path / "seg", {"flat": [0.2, 0.5]}, [0.1, 0.2], metric="dice", algo="fedavg", rounds=2)
-    tags = {(tag, step): value for tag, value, step in tensorboard.scalars(find_runs([tmp_path / "seg"])[0])}
+    tags = {(tag, step): value for tag, value, step, _ in tensorboard.scalars(find_runs([tmp_path / "seg"])[0])}
     assert tags[("global/test_dice/flat", 2)] == pytest.approx(50.0) and tags[("train/dice", 1)] == pytest.approx(10.0)
     assert not any(tag.endswith("_acc/flat") for tag, _ in tags)
