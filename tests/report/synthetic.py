@@ -9,10 +9,11 @@ from mpifl.plan.config import RunConfig
 
 
 def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), holdout: str | None = None,
-              bytes_down=1000, seconds=0.5, metric="acc", **config) -> Path:
+              bytes_down=1000, seconds=0.5, metric="acc", sim: list[float] | None = None, **config) -> Path:
     """A run whose test accuracy of every kind is ``acc[domain][r - 1]`` in round r (fractions) and whose mean
     validation accuracy is ``val[r - 1]`` (for the evaluated and the post-training local models); ``config`` goes to
-    :class:`RunConfig` (``out`` is ``path``); ``metric="dice"``: a segmentation run's records, the same numbers."""
+    :class:`RunConfig` (``out`` is ``path``); ``metric="dice"``: a segmentation run's records, the same numbers;
+    ``sim``: the simulated time at the end of each round (a run with a simulated clock)."""
     path.mkdir(parents=True, exist_ok=True)
     flat = RunConfig(out=str(path), holdout=holdout, **config).to_flat()
     (path / "config.json").write_text(json.dumps(flat, indent=2))
@@ -29,6 +30,7 @@ def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), hol
                       "bytes": {"down": bytes_down * r, "up": 500, "wire_down": 2000, "wire_up": 600},
                       "seconds": {"round": seconds * r, "compute": 0.1, "evaluation": 0.01, "communication": 0.01,
                                   "waiting": 0.0, "aggregation": 0.001},
-                      "eval": evaluation})
+                      "eval": evaluation} | ({"sim": {"seconds": sim[r - 1] - (sim[r - 2] if r > 1 else 0.0),
+                                                      "time": sim[r - 1]}} if sim else {}))
     (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

@@ -25,6 +25,16 @@ def test_figures_are_written_with_stable_names_non_empty_and_none_left_open(tmp_
     assert plt.get_fignums() == before  # Figure objects on the Agg canvas: nothing registered with pyplot
 
 
+def test_runs_with_a_simulated_clock_get_accuracy_against_simulated_time(tmp_path):
+    acc = {"mono": [0.2, 0.5, 0.7]}
+    write_run(tmp_path / "runs" / "clocked", acc, [0.1, 0.2, 0.3], algo="fedbuff", rounds=3, sim=[4.0, 9.5, 12.0])
+    write_run(tmp_path / "runs" / "plain", acc, [0.1, 0.2, 0.3], algo="fedavg", rounds=3)
+    runs = find_runs([tmp_path / "runs"])
+    assert "accuracy-mean-simulated-time.png" in [f.name for f in plot_runs(runs, tmp_path / "out")]
+    assert not any(f.name.endswith("simulated-time.png") for f in plot_runs([r for r in runs if r.path.name ==
+                                                                              "plain"], tmp_path / "plain"))
+
+
 def test_report_writes_tables_and_figures(tmp_path):
     write_run(tmp_path / "run", {"mono": [0.2, 0.5]}, [0.1, 0.2], algo="fedavg", rounds=2)
     report = build_report([tmp_path / "run"], tmp_path / "out")

@@ -23,6 +23,14 @@ def test_scalars_per_round_cover_accuracy_loss_bytes_and_time(run):
     assert tags[("train/loss", 1)] == 2.0
 
 
+def test_a_clocked_runs_scalars_carry_its_simulated_time(tmp_path):
+    write_run(tmp_path / "run", {"mono": [0.2, 0.5]}, [0.1, 0.2], algo="fedbuff", rounds=2, sim=[3.0, 7.5])
+    stamped = {(tag, step): (value, simulated) for tag, value, step, simulated in
+               tensorboard.scalars(find_runs([tmp_path / "run"])[0])}
+    assert stamped[("global/test_acc/mono", 2)] == (pytest.approx(50.0), 7.5)
+    assert stamped[("sim/time", 1)] == (3.0, 3.0) and stamped[("sim/seconds", 2)] == (4.5, 7.5)
+
+
 def test_missing_package_gives_a_clear_one_line_message(run, tmp_path, monkeypatch):
     monkeypatch.setattr(tensorboard, "available", lambda: False)
     with pytest.raises(MpiflError, match=r"pip install 'mpifl\[tensorboard\]'") as info:
