@@ -214,14 +214,23 @@ def tracking_summary(rounds: list[dict], costs: list[dict | None], untracked: fl
 
 def compared_summary(rounds: list[dict], plain: list[dict]) -> dict:
     """``--compare``'s runs' rounds against the plain runs' (``plain``): median seconds per round and their ratio,
-    the ratio of the fastest rounds, and the median split."""
+    the ratio of the fastest rounds, the median split and each client rank's idle share."""
     seconds = statistics.median(r["seconds"]["round"] for r in rounds)
     return {"seconds_per_round": seconds,
             "ratio_to_plain": seconds / statistics.median(r["seconds"]["round"] for r in plain),
             "ratio_of_fastest_rounds": (min(r["seconds"]["round"] for r in rounds)
                                         / min(r["seconds"]["round"] for r in plain)),
             "split": {f: statistics.median(r["seconds"][f] for r in rounds) for f in SPLIT},
+            "client_idle_share": idle_shares(rounds),
             "rounds_measured": [r["seconds"]["round"] for r in rounds]}
+
+
+def idle_shares(rounds: list[dict]) -> list[float]:
+    """Each client rank's idle share of the wall time: the median over ``rounds`` of 1 - (its compute + its
+    evaluation) / rank 0's round (``rank_seconds``; its time in the transport counts as idle)."""
+    ranks = len(rounds[0]["rank_seconds"]["compute"])
+    return [statistics.median(max(0.0, 1 - (r["rank_seconds"]["compute"][k] + r["rank_seconds"]["evaluation"][k])
+                                  / r["seconds"]["round"]) for r in rounds) for k in range(ranks)]
 
 
 def compare_options(text: str) -> list[str]:
@@ -1005,6 +1014,7 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
         "ratio_to_placed_training_plus_one_fold": {f"{k}_ranks": sim_s[k] / v for k, v in with_fold.items()},
         "scaling_from_1_rank": {f"{k}_ranks": v for k, v in scaling.items()},
         "split_seconds": {f"{k}_ranks": v for k, v in split.items()},
+        "client_idle_share": {f"{k}_ranks": idle_shares(v) for k, v in sims.items()},
         "images_per_second_per_rank": {f"{k}_ranks": images / sim_s[k] / k for k in ranks},
         "peak_gpu_bytes_per_client_rank": {f"{k}_ranks": v[-1]["memory"]["peak_gpu"][1:] for k, v in sims.items()},
         "bytes_per_round": {**{f"{k}_ranks": wire_bytes(session, v[-1]["bytes"], k, last_evaluated)
@@ -1036,7 +1046,9 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
     lines.append(f"  mpifl, in one process  {one_process:8.3f} s/round  {images / one_process:8.0f} images/s   "
                  f"ratio to bare {one_process / bare_s:5.3f}")
     for k, v in split.items():
-        lines.append(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items()))
+        idle = result["client_idle_share"][f"{k}_ranks"]
+        lines.append(f"  split with {k} rank(s): " + ", ".join(f"{n} {s:.3f}s" for n, s in v.items())
+                     + "; client ranks idle " + ", ".join(f"{s:.0%}" for s in idle))
     for k in ranks if track else ():
         summary = result["tracking"][f"{k}_ranks"]
         lines.append(f"  --track {track}, {k} client rank(s): {summary['seconds_per_round']:.3f} s/round, "
@@ -1048,7 +1060,8 @@ def main(ctx, case, data, data_root, model_name, clients_per_domain, samples_per
         lines.append(f"  with {compare}, {k} client rank(s): {summary['seconds_per_round']:.3f} s/round, "
                      f"{summary['ratio_to_plain']:5.3f}x the plain runs (fastest rounds "
                      f"{summary['ratio_of_fastest_rounds']:5.3f}x); split "
-                     + ", ".join(f"{n} {v:.3f}s" for n, v in summary["split"].items()))
+                     + ", ".join(f"{n} {v:.3f}s" for n, v in summary["split"].items())
+                     + "; client ranks idle " + ", ".join(f"{s:.0%}" for s in summary["client_idle_share"]))
     if on_gpu:
         for k in ranks:
             peaks = result["peak_gpu_bytes_per_client_rank"][f"{k}_ranks"]

@@ -312,12 +312,14 @@ def test_tracking_is_summed_per_round_and_set_against_an_untracked_round():
 def test_compared_runs_are_set_against_the_plain_ones_median_and_fastest():
     from mpifl.bench import SPLIT, compared_summary
 
-    def rounds(*seconds):
-        return [{"seconds": {"round": s, **{f: s / 10 for f in SPLIT}}} for s in seconds]
+    def rounds(*seconds):  # two client ranks: one computes and evaluates 30 % and 50 % of each round
+        return [{"seconds": {"round": s, **{f: s / 10 for f in SPLIT}},
+                 "rank_seconds": {"compute": [0.2 * s, 0.5 * s], "evaluation": [0.1 * s, 0.0]}} for s in seconds]
 
     summary = compared_summary(rounds(2.2, 2.0, 3.0), rounds(2.0, 1.0, 4.0))
     assert summary["seconds_per_round"] == 2.2 and summary["ratio_to_plain"] == pytest.approx(1.1)
     assert summary["ratio_of_fastest_rounds"] == 2.0 and summary["split"]["compute"] == pytest.approx(0.22)
+    assert summary["client_idle_share"] == pytest.approx([0.7, 0.5])  # idle: neither computing nor evaluating
 
 
 def test_the_dp_sgd_case_times_mpifl_and_a_bare_opacus_loop_on_the_same_client(tmp_path, data_root):

@@ -3,7 +3,8 @@ asynchronous aggregation with a buffer of K updates.
 
 On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients (by default max(1, round(C N)),
 ``--fraction`` C of the N training clients) train at once, each on the model version it downloaded; a client
-that finishes is replaced at once.  Every update that arrives goes into the server's buffer; when it holds K (``--buffer-size``), the server steps:
+that finishes is replaced at once.  Every update that arrives goes into the server's buffer; when it holds K
+(``--buffer-size``), the server steps:
 
 * a client uploads its update Delta_k = y_k - x_{tau_k} (trained minus downloaded) in place of its model entries;
 * x <- x + eta_g (1/K) sum_k s(tau_k) Delta_k, tau_k the server steps since client k's download,

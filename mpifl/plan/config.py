@@ -246,8 +246,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     *_group("Clients as they are: profiles, a simulated clock, round policies (docs/clients.md)",
         Option("client_speed", str, "", "each client's compute speed in images per second, drawn from (seed, client): "
                "a number, lognormal:MEDIAN,SIGMA, uniform:LOW,HIGH or DOMAIN=NUMBER,...; a local step takes "
-               "--batch-size / speed simulated seconds; any option of this group turns the simulated clock on (metrics.jsonl's "
-               "sim); default 100 when the clock runs"),
+               "--batch-size / speed simulated seconds; any option of this group turns the simulated clock on "
+               "(metrics.jsonl's sim); default 100 when the clock runs"),
         Option("client_bandwidth", str, "", "each client's download bandwidth in MB/s, in the forms of --client-speed; "
                "default 10 when the clock runs"),
         Option("client_upload", str, "", "each client's upload bandwidth in MB/s, in the forms of --client-speed "
@@ -259,7 +259,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
                "FedScale's device-capacity and availability pickles; a trace's values replace the options' for the "
                "clients it names (mpifl.plan.traces)"),
         Option("deadline", float, 0.0, "the round's deadline in simulated seconds: a client whose download, local "
-               "steps and upload take longer is late (--late)", minimum=0, above=True, unit="seconds", zero="wait for all"),
+               "steps and upload take longer is late (--late)", minimum=0, above=True, unit="seconds",
+               zero="wait for all"),
         Option("late", str, "drop", "what a late client does: drop (left out, not trained) or partial (cut to the "
                "local steps that fit, FedProx's partial work)", choices=("drop", "partial")),
         Option("over_select", float, 1.0, "sample F x K clients and keep the first K uploads to arrive (the others "

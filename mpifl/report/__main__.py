@@ -5,8 +5,9 @@ best-validation round, mean ± std over seeds; with a preset, the paper's
 numbers and the difference) and writes into ``--out`` (default
 ``RUN_DIR/report`` for one run directory, ``./report`` for several):
 ``report.md``, ``report.csv``, ``accuracy-<domain>.png``,
-``accuracy-mean.png``, ``bytes-per-round.png``, ``seconds-per-round.png`` (and ``accuracy-mean-simulated-time.png`` for runs with a simulated clock)
-and, with ``--tensorboard``, ``tensorboard/<run>/`` event files.
+``accuracy-mean.png``, ``bytes-per-round.png``, ``seconds-per-round.png`` (and
+``accuracy-mean-simulated-time.png`` for runs with a simulated clock) and, with ``--tensorboard``,
+``tensorboard/<run>/`` event files.
 
 User errors print one line, ``mpifl: error: <message>``, and exit with 2.
 """

@@ -30,7 +30,8 @@ def write_run(path: Path, acc: dict, val: list[float], *, kinds=("global",), hol
                       "bytes": {"down": bytes_down * r, "up": 500, "wire_down": 2000, "wire_up": 600},
                       "seconds": {"round": seconds * r, "compute": 0.1, "evaluation": 0.01, "communication": 0.01,
                                   "waiting": 0.0, "aggregation": 0.001},
-                      "eval": evaluation} | ({"sim": {"seconds": sim[r - 1] - (sim[r - 2] if r > 1 else 0.0),
-                                                      "time": sim[r - 1]}} if sim else {}))
+                      "eval": evaluation}
+                     | ({"sim": {"seconds": sim[r - 1] - (sim[r - 2] if r > 1 else 0.0), "time": sim[r - 1]}}
+                        if sim else {}))
     (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
