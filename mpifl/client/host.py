@@ -2,10 +2,11 @@
 
 Each round (docs/design.md, "One round"): receive the download, evaluate if asked (scalars only: this rank's
 batches of the global model's evaluation, :mod:`mpifl.session.evaluation`, then the personal models of its
-training clients), train the hosted clients of the round one after the other in id order, post each one's
-summed upload to rank 0 as soon as it is trained (it leaves at once if rank 0 is receiving it, else at a
-later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0 folds them while this rank trains the next),
-and send the records and small uploads in one gather; the transport's time, bytes moving and waiting for
+training clients), train the hosted clients of the round one after the other in id order (the round's plan may
+cut a client's local steps, lose its upload, or hold it in the client's private state until a later step's
+message: :mod:`mpifl.plan.clock`), post each one's summed upload to rank 0 as soon as it is trained (it leaves
+at once if rank 0 is receiving it, else at a later post; at most ``SEND_WINDOW_BYTES`` of them held: rank 0
+folds them while this rank trains the next), and send the records and small uploads in one gather; the transport's time, bytes moving and waiting for
 rank 0, is reported apart from training (``rank.seconds``).  Between clients only tensors are swapped in and
 out of one model instance: the download, then the client's private state
 (:class:`~mpifl.client.private_store.PrivateStore`: created when the client first trains, on disk beyond
@@ -34,7 +35,7 @@ from ..transport.buffers import ReusedBuffer
 from ..transport.comm import Comm
 from ..transport.exchange import exchange_all
 from ..transport.gpu_mpi import device_buffers
-from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, rank_report, record
+from ..transport.messages import CLIENT_META, EVAL_SPLITS, RANK_SECONDS, STOP, Messages, rank_report, record
 from .client_data import load_client_data
 from .eval_share import EvalShare
 from .precision import Precision
@@ -160,24 +161,20 @@ class ClientHost:
                         upload = masking.mask(plan.uploads, cid, upload)
                     if cid in work.holds:  # its step is a later message's (asynchronous aggregation)
                         _hold(client, messages, upload)
-                elif cid not in segment_of:
-                    raise RuntimeError(f"rank {self.comm.rank}: client {cid} neither trains nor uploads in round {r}")
-                if cid not in segment_of:  # held, or its upload is lost (--drop-after)
-                    self.clients.fit_budget()
-                    continue
-                slot = sent % slots
-                if posted[slot] is not None:
-                    self.comm.complete([posted[slot]])
-                part = summed[slot * size:(slot + 1) * size]
-                if cid in work.trains:
-                    messages.pack_client(upload, segment_of[cid], part)
-                else:
-                    _release(client, segment_of[cid], part)
-                if size:
-                    if self.device_buffers:
-                        self._synchronize()  # the send reads the GPU buffer only once the packing kernels are done
-                    posted[slot] = self.comm.post(part)
-                sent += 1
+                if cid in segment_of:  # else held, or its upload is lost (--drop-after)
+                    slot = sent % slots
+                    if posted[slot] is not None:
+                        self.comm.complete([posted[slot]])
+                    part = summed[slot * size:(slot + 1) * size]
+                    if cid in work.trains:
+                        messages.pack_client(upload, segment_of[cid], part)
+                    else:
+                        _release(client, segment_of[cid], part)
+                    if size:
+                        if self.device_buffers:
+                            self._synchronize()  # the send reads the GPU buffer only once the packing kernels are done
+                        posted[slot] = self.comm.post(part)
+                    sent += 1
                 self.clients.fit_budget()
             sending = [handle for handle in posted if handle is not None]
             if early:
@@ -290,13 +287,12 @@ class ClientHost:
         return out
 
 
-
 # the packed upload of a client whose step is a later message's, kept with its private state (so checkpoints,
 # spilling and a resume on other ranks carry it) until then
 HELD = ("held.gathered", "held.summed")
 
 
-def _hold(client: ClientState, messages, upload: dict[str, torch.Tensor]) -> None:
+def _hold(client: ClientState, messages: Messages, upload: dict[str, torch.Tensor]) -> None:
     """Pack ``upload`` into the client's private state, for :func:`_release` in its step's message."""
     gathered = torch.empty(messages.client.nbytes, dtype=torch.uint8)
     summed = torch.empty(messages.summed.nbytes, dtype=torch.uint8)
