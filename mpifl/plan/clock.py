@@ -25,8 +25,9 @@ whose clients all dropped out lasts as long as its longest training.  The server
 
 **Asynchronous aggregation** (:class:`AsyncClock`, FedBuff and FedAsync): ``concurrency`` clients train at once;
 each task starts on the model version of its start and arrives after its time; the server adds arrivals to a
-buffer and takes a step when it holds ``buffer`` of them (FedBuff's K; FedAsync: 1).  After every arrival (or lost
-upload) the free slots are filled at once by clients sampled uniformly among those online, idle, not waiting in
+buffer and takes a step when it holds ``buffer`` of them (FedBuff's K; FedAsync: 1).  A task whose upload will be
+lost (``--drop-after``) is not trained: it holds its slot until its upload would have arrived.  After every arrival
+(or lost upload) the free slots are filled at once by clients sampled uniformly among those online, idle, not waiting in
 the buffer, and not started on the current version already.  Message j carries version j-1: its clients train the
 tasks that start on it, and its uploads are the arrivals of step j (trained then or earlier: a client rank holds a
 task's upload until its step).
@@ -145,14 +146,16 @@ class SyncClock:
         arriving = sorted((c for c in ending if c not in lost), key=lambda c: (ending[c], c))
         over = arriving[wanted:] if self.over_select > 1 else []
         kept = sorted(arriving[:len(arriving) - len(over)])
-        for c in over:
-            del cap[c]
-        if over:
+        if over:  # the K-th arrival ends the round: whoever still trains then is cancelled, a lost one too
             seconds = ending[arriving[wanted - 1]]
+            over += [c for c in lost if ending[c] > seconds]
+            lost = [c for c in lost if ending[c] <= seconds]
         elif late:
             seconds = self.deadline
         else:
             seconds = max((ending[c] for c in kept), default=max((ending[c] for c in lost), default=0.0))
+        for c in over:
+            del cap[c]
         missing = {"dropped_before": tuple(int(c) for c in before), "late": tuple(late),
                    "over_selected": tuple(sorted(over)), "lost": tuple(sorted(lost))}
         return Fate(start=start, seconds=float(seconds), trains=dict(sorted(cap.items())), uploads=tuple(kept),
@@ -190,7 +193,7 @@ class AsyncClock:
                               key=lambda t: t.client)
             self.fates[step] = Fate(
                 start=self.steps[step - 1], seconds=self.steps[step] - self.steps[step - 1],
-                trains={t.client: None for t in sorted(trains, key=lambda t: t.client)},
+                trains={t.client: None for t in sorted(trains, key=lambda t: t.client) if not t.lost},
                 uploads=tuple(t.client for t in arrivals), holds=tuple(sorted(
                     t.client for t in trains if not t.lost and t.step != step)),
                 staleness=tuple(step - 1 - t.version for t in arrivals),
@@ -216,17 +219,15 @@ class AsyncClock:
     def _fill(self) -> None:
         """Start tasks until ``concurrency`` are in flight, among the clients free to start one; with none in
         flight and none free, wait for the next one a trace makes available."""
-        while True:
+        n = len(self.profiles.speed)
+        while len(self.in_flight) < self.concurrency:
             busy = {c for _, c, _ in self.in_flight} | {t.client for t in self.waiting}
-            busy |= {t.client for t in self.started[self.version]}
+            busy |= {t.client for t in self.started[self.version] if not t.lost}
             ids = np.array([c for c in self.work.training if c not in busy], dtype=np.int64)
-            n = len(self.profiles.speed)
             self.event += 1
             free = ids[self.profiles.available(ids, conditions_rng(self.seed, ASYNC_ONLINE, self.event).random(n),
                                                self.time)] if len(ids) else ids
             want = self.concurrency - len(self.in_flight)
-            if want <= 0:
-                return
             if len(free):
                 rng = conditions_rng(self.seed, ASYNC_SAMPLE, self.event)
                 chosen = np.sort(free[rng.choice(len(free), size=min(want, len(free)), replace=False)])

@@ -118,3 +118,25 @@ def test_fedbuff_steps_take_k_arrivals_each_with_the_staleness_of_its_download(b
         assert len(started) <= 6  # no more than the concurrency in flight
         assert fate.start + fate.seconds == fates[j].start if j < len(fates) else True
     assert any(s > 0 for f in fates for s in f.staleness)
+
+
+def test_a_lost_task_is_not_trained_and_its_client_may_start_again_on_the_same_version():
+    # two clients, both needed for a step: a lost upload must not leave the buffer waiting for ever
+    clock = AsyncClock(_profiles([10, 20]), _work(2), seed=0, concurrency=2, buffer=2, drop_after=0.5)
+    fates = [clock.fate(j) for j in range(1, 41)]
+    lost = [c for f in fates for c in f.missing["lost"]]
+    assert lost and all(len(f.uploads) == 2 for f in fates)
+    assert all(not set(f.missing["lost"]) & set(f.trains) - set(f.uploads) - set(f.holds) for f in fates)
+
+
+def test_over_selection_cancels_a_lost_client_still_training_at_the_kth_arrival():
+    speeds = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    clock = SyncClock(_profiles(speeds), _work(10), seed=0, fraction=0.3, over_select=3.0, drop_after=0.5)
+    checked = 0
+    for r in range(1, 30):
+        fate = clock.fate(r)
+        assert not set(fate.missing["over_selected"]) & set(fate.trains)
+        if fate.missing["over_selected"]:  # K uploads arrived: a lost client trained only if it ended by then
+            checked += 1
+            assert all(c in fate.trains and 2 + 20 / speeds[c] <= fate.seconds + 1e-9 for c in fate.missing["lost"])
+    assert checked
