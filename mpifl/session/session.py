@@ -224,7 +224,7 @@ def _check_conditions(cfg: RunConfig, algo: Algorithm) -> None:
     if losing and private:
         raise MpiflError(f"{private[0]}: {losing[0]} lets sampled clients go missing, and the guarantee assumes "
                          "every sampled client trains and uploads (the accountants' sampling, masks that cancel only "
-                         f"in the full sum); drop one of them (--client-speed and --client-bandwidth may stay)")
+                         "in the full sum); drop one of them (--client-speed and --client-bandwidth may stay)")
     if algo.asynchronous:
         for flag, given in (("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
                             ("--drop-before", cfg.drop_before)):
