@@ -190,6 +190,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def everywhere(args, tmp_path: Path, stop_round: int = 3) -> dict[str, list[dict]]:
+    """Run ``args(out)`` (mpifl.run's arguments for the run directory ``out``) in this process ("here"), in a process
+    of its own ("one"), on 1, 2 and 3 client ranks ("n2" .. "n4"), and stopped by a signal while round
+    ``stop_round`` trains on 2 client ranks, then resumed in one process ("resumed"); every run ends well.  Returns
+    each run's metrics.jsonl without timings, memory and the bytes on the wire (they depend on the placement)."""
+    runs = {"here": run_here(*args(tmp_path / "here")), "one": run_in_process(*args(tmp_path / "one"))}
+    for n in (2, 3, 4):
+        runs[f"n{n}"] = launch(n, *args(tmp_path / f"n{n}"))
+    stopped = launch(3, *args(tmp_path / "resumed"), env={"MPIFL_FAULT": f"stop:rank=0,round={stop_round}"})
+    assert stopped.returncode == 75, stopped.stderr
+    assert [r["round"] for r in read_metrics(tmp_path / "resumed")] == list(range(1, stop_round))
+    runs["resumed"] = run_in_process("--resume", str(tmp_path / "resumed"))
+    for name, job in runs.items():
+        assert job.returncode == 0, (name, job.stderr)
+    return {name: [{k: v for k, v in r.items() if k != "bytes"} for r in untimed(read_metrics(tmp_path / name))]
+            for name in runs}
+
+
 TIMING_KEYS = ("seconds", "rank_seconds", "memory")  # the parts of a metrics record that vary between runs
 
 

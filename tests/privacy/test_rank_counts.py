@@ -10,7 +10,7 @@ import torch
 
 from mpifl.privacy.client_dp import HISTORY
 
-from ..conftest import launch, read_metrics, run_here, run_in_process, untimed
+from ..conftest import everywhere
 
 pytestmark = pytest.mark.slow
 
@@ -25,29 +25,14 @@ def _args(data_root, out, *extra):
             *extra]
 
 
-def _numbers(run) -> list[dict]:
-    """metrics.jsonl without timings, memory and the bytes on the wire (they depend on the placement)."""
-    return [{k: v for k, v in r.items() if k != "bytes"} for r in untimed(read_metrics(run))]
-
-
 def test_every_mechanism_at_once_gives_the_same_bits_on_any_rank_count_and_after_a_resume(data_root, tmp_path):
-    runs = {"here": run_here(*_args(data_root, tmp_path / "here")),
-            "one": run_in_process(*_args(data_root, tmp_path / "one"))}
-    for n in (2, 3, 4):
-        runs[f"n{n}"] = launch(n, *_args(data_root, tmp_path / f"n{n}"))
-    stopped = launch(3, *_args(data_root, tmp_path / "resumed"), env={"MPIFL_FAULT": "stop:rank=0,round=3"})
-    assert stopped.returncode == 75, stopped.stderr
-    assert [r["round"] for r in read_metrics(tmp_path / "resumed")] == [1, 2]  # stopped while round 3 trained
-    runs["resumed"] = run_in_process("--resume", str(tmp_path / "resumed"))
-    for name, job in runs.items():
-        assert job.returncode == 0, (name, job.stderr)
-    numbers = {name: _numbers(tmp_path / name) for name in runs}
+    numbers = everywhere(lambda out: _args(data_root, out), tmp_path)
     assert all(n == numbers["here"] for n in numbers.values())
     records = numbers["here"]
     assert len({r["privacy"]["clip"] for r in records}) == 4  # adaptive: C moved every round
     assert all(r["dp_sgd"]["epsilon_max"] > 0 for r in records)
     final = {name: torch.load(tmp_path / name / "checkpoint" / "round-4" / "server.pt", weights_only=True)
-             for name in runs}
+             for name in numbers}
     for state in final.values():
         assert torch.equal(state["extra"][HISTORY], final["here"]["extra"][HISTORY])
         assert all(torch.equal(state["model"][k], final["here"]["model"][k]) for k in state["model"])
