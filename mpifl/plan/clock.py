@@ -64,6 +64,8 @@ class Fate:
     def record(self) -> dict:
         """The message's simulated clock for ``metrics.jsonl``."""
         out = {"seconds": self.seconds, "time": self.start + self.seconds}
+        if list(self.trains) != list(self.uploads):  # those who downloaded and trained, where not the uploads
+            out["trained"] = list(self.trains)
         out.update((why, list(clients)) for why, clients in self.missing.items() if clients)
         cut = {str(c): s for c, s in self.trains.items() if s is not None}
         if cut:

@@ -70,6 +70,7 @@ def test_a_lost_upload_never_reaches_the_sums_and_its_client_still_trains(data_r
         lost, before = set(r["sim"].get("lost", ())), set(r["sim"].get("dropped_before", ()))
         here = {c for c, k, _ in trained if k == r["round"]}
         assert here == set(r["clients"]) | lost and not here & before  # the lost trained; the dropped did not
+        assert sorted(here) == r["sim"].get("trained", r["clients"])
         assert not lost & set(r["clients"])
     assert folded == [len(r["clients"]) for r in records]  # rank 0 folded the arrivals, and only those
 
