@@ -215,16 +215,18 @@ def _check_conditions(cfg: RunConfig, algo: Algorithm) -> None:
     line each: a privacy mechanism's accounting (client-level DP's Poisson sampling, DP-SGD's planned steps) and
     secure aggregation's masks assume that every sampled client trains and uploads; an asynchronous method
     samples by its concurrency, with no rounds to set a deadline on."""
-    losing = [flag for flag, given in (("--availability", cfg.availability), ("--client-trace", cfg.client_trace),
-                                       ("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
-                                       ("--drop-before", cfg.drop_before), ("--drop-after", cfg.drop_after),
-                                       (f"--algo {algo.name}", algo.asynchronous)) if given]
+    losing = [flag for flag, given in ((f"--algo {algo.name}", algo.asynchronous), ("--availability", cfg.availability),
+                                       ("--client-trace", cfg.client_trace), ("--deadline", cfg.deadline),
+                                       ("--over-select", cfg.over_select > 1), ("--drop-before", cfg.drop_before),
+                                       ("--drop-after", cfg.drop_after)) if given]
     private = [flag for flag, given in (("--dp-clip", cfg.dp_clip), ("--dpsgd-clip", cfg.dpsgd_clip),
                                         ("--secure-aggregation", cfg.secure_aggregation)) if given]
     if losing and private:
+        fix = ("pick a synchronous method (--algo fedwon, fedavg-gn, fedavg ...)" if algo.asynchronous else
+               "drop one of them (--client-speed and --client-bandwidth may stay)")
         raise MpiflError(f"{private[0]}: {losing[0]} lets sampled clients go missing, and the guarantee assumes "
                          "every sampled client trains and uploads (the accountants' sampling, masks that cancel only "
-                         "in the full sum); drop one of them (--client-speed and --client-bandwidth may stay)")
+                         f"in the full sum); {fix}")
     if algo.asynchronous:
         for flag, given in (("--deadline", cfg.deadline), ("--over-select", cfg.over_select > 1),
                             ("--drop-before", cfg.drop_before)):
