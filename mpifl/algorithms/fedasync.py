@@ -6,7 +6,7 @@ On the simulated clock (:mod:`mpifl.plan.clock`) ``--concurrency`` clients (by d
 arrival is one server step t:
 
 * x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau) (``--fedasync-alpha``, ``--staleness``:
-  polynomial (t - tau + 1)^-a, hinge, constant; :mod:`.core.staleness`); t counts the step being taken, so an
+  polynomial (t - tau + 1)^-a, hinge, constant; :mod:`.core.asynchronous`); t counts the step being taken, so an
   update on the newest model has t - tau = 1 (the runtime's staleness, steps since the download, plus one);
 * the client minimizes f(x) + rho/2 ||x - x_tau||^2 (the paper's regularized local problem; ``--mu`` is rho, added
   as its gradient after ``backward()``, as FedProx's term).
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from ..errors import MpiflError
 from ..plan.config import Option
-from ..plan.seeding import sample_size
 from .core.options import CONCURRENCY, STALENESS, STALENESS_A, STALENESS_B
-from .core.staleness import staleness_weights
+from .core.asynchronous import clients_at_once, run_staleness_weights
 from .fedprox import FedProx
 
 
@@ -37,7 +36,7 @@ class FedAsync(FedProx):
                                  STALENESS, STALENESS_A, STALENESS_B)
 
     def concurrency(self):
-        clients = self.cfg.opt("concurrency") or sample_size(self.num_training_clients, self.cfg.fraction)
+        clients = clients_at_once(self)
         if clients > self.num_training_clients:
             raise MpiflError(f"--concurrency {clients}: FedAsync has only {self.num_training_clients} training "
                              "clients to run at once; lower it")
@@ -45,7 +44,5 @@ class FedAsync(FedProx):
 
     def global_value(self, server, key, combined, uploads):
         """(1 - alpha_t) x + alpha_t x_new, in float64."""
-        s = staleness_weights(self.cfg.opt("staleness"), uploads.staleness + 1, self.cfg.opt("staleness_a"),
-                              self.cfg.opt("staleness_b"))
-        alpha = self.cfg.opt("fedasync_alpha") * float(s[0])
+        alpha = self.cfg.opt("fedasync_alpha") * float(run_staleness_weights(self.cfg, uploads.staleness + 1)[0])
         return (1 - alpha) * server.model[key].double() + alpha * combined.double()

@@ -8,7 +8,7 @@ that finishes is replaced at once.  Every update that arrives goes into the serv
 
 * a client uploads its update Delta_k = y_k - x_{tau_k} (trained minus downloaded) in place of its model entries;
 * x <- x + eta_g (1/K) sum_k s(tau_k) Delta_k, tau_k the server steps since client k's download,
-  s(tau) = 1/sqrt(1 + tau) (``--staleness polynomial``, a = 1/2: the paper's; :mod:`.core.staleness`), eta_g
+  s(tau) = 1/sqrt(1 + tau) (``--staleness polynomial``, a = 1/2: the paper's; :mod:`.core.asynchronous`), eta_g
   ``--server-lr``.
 
 Every shared entry, BN running statistics included, moves by its weighted update; ``num_batches_tracked`` stays on
@@ -23,11 +23,10 @@ import torch
 
 from ..errors import MpiflError
 from ..plan.config import Option
-from ..plan.seeding import sample_size
 from .core.base import Algorithm
 from .core.options import CONCURRENCY, SERVER_LR, STALENESS, STALENESS_A, STALENESS_B
 from .core.reduction import Reduction
-from .core.staleness import staleness_weights
+from .core.asynchronous import clients_at_once, run_staleness_weights
 
 
 class FedBuff(Algorithm):
@@ -39,7 +38,7 @@ class FedBuff(Algorithm):
                SERVER_LR, STALENESS, STALENESS_A, STALENESS_B)
 
     def concurrency(self):
-        clients = self.cfg.opt("concurrency") or sample_size(self.num_training_clients, self.cfg.fraction)
+        clients = clients_at_once(self)
         if not self.cfg.opt("buffer_size") <= clients <= self.num_training_clients:
             raise MpiflError(f"--concurrency {clients} and --buffer-size {self.cfg.opt('buffer_size')}: FedBuff "
                              f"needs buffer size <= concurrency <= the {self.num_training_clients} training clients")
@@ -56,8 +55,7 @@ class FedBuff(Algorithm):
 
     def reductions(self, server, uploads):
         """sum_k (s(tau_k) / K) Delta_k of every uploaded entry."""
-        weights = staleness_weights(self.cfg.opt("staleness"), uploads.staleness, self.cfg.opt("staleness_a"),
-                                    self.cfg.opt("staleness_b")) / self.cfg.opt("buffer_size")
+        weights = run_staleness_weights(self.cfg, uploads.staleness) / self.cfg.opt("buffer_size")
         sums = super().reductions(server, uploads)
         sums.update((key, Reduction(key, weights)) for key in self.uploaded_keys)
         return sums

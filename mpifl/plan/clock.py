@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MpiflError
 from .profiles import Profiles
-from .seeding import conditions_rng, poisson_clients, sample_among, sample_size
+from .seeding import conditions_rng, participants, sample_among, sample_size
 
 ONLINE, DROPS, ASYNC_ONLINE, ASYNC_SAMPLE, ASYNC_LOST = 1, 2, 3, 4, 5  # the draws' purposes
 
@@ -120,7 +120,7 @@ class SyncClock:
         ids, n = self.work.training, len(self.profiles.speed)
         wanted = sample_size(len(ids), self.fraction)
         if self.poisson:  # client-level DP's sampling, which its accountant assumes (no other condition)
-            sampled = ids[poisson_clients(self.seed, r, len(ids), self.fraction)]
+            sampled = ids[participants(self.seed, r, len(ids), self.fraction, poisson=True)]
         else:
             online = ids[self.profiles.available(ids, conditions_rng(self.seed, ONLINE, r).random(n), start)]
             sampled = sample_among(self.seed, r, online, math.ceil(self.over_select * wanted - 1e-9))
@@ -184,6 +184,7 @@ class AsyncClock:
         self.waiting: list[_Task] = []  # arrived, in the buffer
         self.started: list[list[_Task]] = [[]]  # the tasks started on each version
         self.steps: list[float] = [0.0]  # the simulated time of each version
+        self.arrivals: list[list[_Task]] = []  # the tasks each server step applies
         self.fates: dict[int, Fate] = {}
 
     def fate(self, step: int) -> Fate:
@@ -191,8 +192,7 @@ class AsyncClock:
             while self.version < step:
                 self._next_event()
             trains = self.started[step - 1]
-            arrivals = sorted((t for tasks in self.started[:step] for t in tasks if t.step == step),
-                              key=lambda t: t.client)
+            arrivals = sorted(self.arrivals[step - 1], key=lambda t: t.client)
             self.fates[step] = Fate(
                 start=self.steps[step - 1], seconds=self.steps[step] - self.steps[step - 1],
                 trains={t.client: None for t in sorted(trains, key=lambda t: t.client) if not t.lost},
@@ -214,6 +214,7 @@ class AsyncClock:
             self.version += 1
             for waiting in self.waiting:
                 waiting.step = self.version
+            self.arrivals.append(self.waiting)
             self.waiting = []
             self.steps.append(self.time)
             self.started.append([])

@@ -97,8 +97,7 @@ class Server:
             early = bool(plan.uploads) and not self.algo.reductions_need_results
             fold_started = time.perf_counter()
             if early:  # while the clients train
-                sums = self._fold(messages, plan, self.session.reductions(
-                    self.state, Uploads.planned(self.session.clients, plan.uploads, plan.fate.staleness)))
+                sums = self._fold(messages, plan, self.session.reductions(self.state, self.session.planned(r)))
             early_folding = time.perf_counter() - fold_started
             segments = self.comm.gatherv(np.empty(0, dtype=np.uint8), list(plan.upload_bytes))
             reports, evals, uploads = self._decode(messages, plan, segments)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpifl.algorithms import Uploads
-from mpifl.algorithms.core.staleness import staleness_weights
+from mpifl.algorithms.core.asynchronous import staleness_weights
 from mpifl.plan.clients import ClientSpec
 
 from .helpers import aggregate, client_meta, local_round, make_algo, moved_models

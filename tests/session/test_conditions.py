@@ -1,6 +1,6 @@
 """Simulated client conditions in whole runs (docs/clients.md): an ideal profile changes nothing, a lost upload never
-reaches the sums while its client trains, a late client trains exactly the steps that fit, FedBuff steps on K
-updates; bad conditions are refused in one line, printed once."""
+reaches the sums while its client trains, a late client trains exactly the steps that fit (FedBuff's K updates a
+step: ``test_conditions_ranks.py``); bad conditions are refused in one line, printed once."""
 
 from __future__ import annotations
 
@@ -95,15 +95,6 @@ def test_a_late_client_trains_exactly_the_steps_that_fit_and_fednova_normalizes_
         assert all(0 < s < full for s in caps.values())
         cut += len(caps)
     assert cut >= 2
-
-
-def test_fedbuff_steps_on_k_updates_each(data_root, tmp_path):
-    job = run_here(*_args(data_root, tmp_path / "r", "--algo", "fedbuff", "--concurrency", "5", "--buffer-size", "2",
-                          "--client-speed", "lognormal:30,1", "--rounds", "6"))
-    assert job.returncode == 0, job.stderr
-    records = read_metrics(tmp_path / "r")
-    assert [len(r["clients"]) for r in records] == [2] * 6
-    assert any(max(r["sim"]["staleness"]) > 0 for r in records)
 
 
 def _one_line(job, pattern):
